@@ -1,0 +1,64 @@
+"""nestflow: a define-then-run deep-learning framework of nested blocks and scopes.
+
+import nestflow as nf
+main, startup = nf.Program(), nf.Program()
+with nf.program_guard(main, startup):
+    x = nf.data("x", shape=[-1, 784])
+    p = nf.layers.fc(x, size=10, act="softmax")
+exe = nf.Executor(nf.CPUPlace())
+"""
+
+from nestflow import (
+    errors,
+    layers,
+    ops,  # noqa: E402  (registers every operator)
+)
+from nestflow.core import CPUPlace, CUDAPlace, Place, Scope, Tensor, Variable
+from nestflow.executor import Executor, global_scope
+from nestflow.framework import (
+    Block,
+    OpDesc,
+    Program,
+    VarDesc,
+    default_main_program,
+    default_startup_program,
+    program_guard,
+    unique_name,
+)
+from nestflow.layers import ParamAttr, data, initializer
+from nestflow.ops import seed
+
+layer = layers
+add = layers.elementwise_add
+sigmoid = layers.sigmoid
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Block",
+    "CPUPlace",
+    "CUDAPlace",
+    "Executor",
+    "OpDesc",
+    "ParamAttr",
+    "Place",
+    "Program",
+    "Scope",
+    "Tensor",
+    "VarDesc",
+    "Variable",
+    "add",
+    "data",
+    "default_main_program",
+    "default_startup_program",
+    "errors",
+    "global_scope",
+    "initializer",
+    "layer",
+    "layers",
+    "ops",
+    "program_guard",
+    "seed",
+    "sigmoid",
+    "unique_name",
+]

@@ -1,0 +1,81 @@
+"""Tensor: a dense array with lazy allocation (seed 004: memory comes at mutable_data, not before)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from nestflow.core.place import CPUPlace, Place
+from nestflow.errors import UninitializedError
+
+
+class Tensor:
+    """A possibly unallocated n-d array on a Place.
+
+    `mutable_data(shape, dtype)` allocates, and reallocates only when shape or dtype changes;
+    `data()` raises UninitializedError before that. Interchanges with NumPy (`__array__`) and,
+    zero-copy, with PyTorch/JAX (`__dlpack__`).
+    """
+
+    __slots__ = ("_array", "place", "__weakref__")
+
+    def __init__(self, place: Place | None = None):
+        self._array = None
+        self.place = place if place is not None else CPUPlace()
+
+    def is_allocated(self) -> bool:
+        return self._array is not None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return () if self._array is None else tuple(self._array.shape)
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        return None if self._array is None else self._array.dtype
+
+    def mutable_data(self, shape: Sequence[int], dtype="float32"):
+        """The writable buffer of this shape and dtype, allocating it only if it changed."""
+        shape = tuple(int(d) for d in shape)
+        dtype = np.dtype(dtype)
+        arr = self._array
+        if arr is None or arr.shape != shape or arr.dtype != dtype:
+            arr = self._array = self.place.array_module.empty(shape, dtype=dtype)
+        return arr
+
+    def data(self):
+        """The held array; raises UninitializedError if mutable_data/set never ran."""
+        if self._array is None:
+            raise UninitializedError("tensor holds no memory yet: call mutable_data() or set()")
+        return self._array
+
+    def set(self, array, place: Place | None = None) -> None:
+        """Hold a copy of `array` (any array-like)."""
+        if place is not None:
+            self.place = place
+        self._array = self.place.array_module.array(array, copy=True)
+
+    def numpy(self) -> np.ndarray:
+        """A host NumPy copy of the data."""
+        return np.array(self.place.to_host(self.data()), copy=True)
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.place.to_host(self.data())
+        if dtype is not None:
+            arr = arr.astype(dtype, copy=False)
+        return np.array(arr, copy=True) if copy else arr
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.data().__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.data().__dlpack_device__()
+
+    def __len__(self) -> int:
+        return len(self.data())
+
+    def __repr__(self) -> str:
+        if self._array is None:
+            return f"Tensor(unallocated, place={self.place!r})"
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}, place={self.place!r})"

@@ -1,0 +1,275 @@
+"""Executor: runs a Program's global block in a scope (seed 002's execution model).
+
+Persistable variables (parameters, optimizer state) live in the scope passed in. Temporaries
+live in the run's env; sub-blocks run in kid scopes of a local scope that is made for the run
+and dropped when it completes ("destroy when minibatch completes").
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from nestflow.core.place import CPUPlace, Place
+from nestflow.core.scope import Scope
+from nestflow.core.tensor import Tensor
+from nestflow.errors import FeedError, FetchError, NestflowError, UninitializedError
+from nestflow.executor.plan import BlockPlan, Frame
+from nestflow.framework.program import Block, Program, VarDesc
+
+_global_scope = Scope()
+
+
+def global_scope() -> Scope:
+    """The scope Executor.run uses when none is given."""
+    return _global_scope
+
+
+class _ProgramPlan:
+    """A BlockPlan of a program's global block plus what a run needs to bind it to a scope."""
+
+    def __init__(self, program: Program):
+        self.version = program.version
+        block = program.global_block()
+        self.block_plan = BlockPlan(block)
+        plan = self.block_plan
+        self.persistable_reads = []
+        self.required_feeds = []
+        for name in plan.external_inputs:
+            desc = block.find_var(name)
+            if desc is not None and desc.persistable:
+                self.persistable_reads.append((plan.slot_of[name], name))
+            else:
+                self.required_feeds.append(name)
+        self.persistable_writes = [
+            (plan.slot_of[name], name)
+            for name in plan.written
+            if (desc := block.find_var(name)) is not None and desc.persistable
+        ]
+        self.sub_plans: dict[int, BlockPlan] = {}
+        self.needs_local_scope = any(op.sub_blocks() for op in plan.ops) or any(
+            op.type in ("print",) for op in plan.ops
+        )
+
+
+class Executor:
+    """Runs programs on a Place. Plans are prepared once per program version and reused."""
+
+    def __init__(self, place: Place | None = None, check_nan_inf: bool = False):
+        self.place = place if place is not None else CPUPlace()
+        self.check_nan_inf = check_nan_inf
+        self._plans: weakref.WeakKeyDictionary[Program, _ProgramPlan] = weakref.WeakKeyDictionary()
+
+    def _plan(self, program: Program) -> _ProgramPlan:
+        plan = self._plans.get(program)
+        if plan is None or plan.version != program.version:
+            plan = self._plans[program] = _ProgramPlan(program)
+        return plan
+
+    def run(
+        self,
+        program: Program | None = None,
+        feed: Mapping[str, Any] | None = None,
+        fetch_list: Sequence[VarDesc | str] | None = None,
+        scope: Scope | None = None,
+        return_numpy: bool = True,
+        check_nan_inf: bool | None = None,
+    ) -> list[Any]:
+        """Run `program` once; returns the values of `fetch_list` (NumPy arrays) in order.
+
+        Raises FeedError for missing/unknown/misshaped feeds and ExecutionError (naming op,
+        inputs' shapes and the source line) when an op fails; on any error the scope's
+        persistable variables are left unchanged.
+        """
+        from nestflow.framework.program import default_main_program
+
+        program = program if program is not None else default_main_program()
+        scope = scope if scope is not None else _global_scope
+        feed = feed or {}
+        fetch_names = [f.name if isinstance(f, VarDesc) else str(f) for f in (fetch_list or [])]
+        prepared = self._plan(program)
+        plan = prepared.block_plan
+        block = program.global_block()
+
+        saved_check = self.check_nan_inf
+        if check_nan_inf is not None:
+            self.check_nan_inf = check_nan_inf
+        local = scope.new_scope() if prepared.needs_local_scope else scope
+        try:
+            frame = Frame(plan, local, self)
+            env = frame.env
+            self._bind_feeds(block, plan, env, feed)
+            self._bind_persistables(prepared, scope, env, feed)
+            for name in prepared.required_feeds:
+                if env[plan.slot_of[name]] is None:
+                    value = _scope_value(scope, name)
+                    if value is None:
+                        raise FeedError(_missing_feed_message(plan, name))
+                    env[plan.slot_of[name]] = value
+            frame.run()
+            results = [self._fetch(frame, local, name) for name in fetch_names]
+            for slot, name in prepared.persistable_writes:
+                value = env[slot]
+                if value is not None:
+                    _store(scope, name, value)
+        finally:
+            self.check_nan_inf = saved_check
+            if local is not scope:
+                scope.delete_scope(local)
+        if return_numpy:
+            results = [_to_numpy(r) for r in results]
+        return results
+
+    def _bind_feeds(self, block: Block, plan: BlockPlan, env: list, feed: Mapping[str, Any]):
+        for name, value in feed.items():
+            name = name.name if isinstance(name, VarDesc) else name
+            desc = block.find_var(name)
+            if desc is None:
+                raise FeedError(f"feed '{name}' is not a variable of the program")
+            slot = plan.slot_of.get(name)
+            array = check_feed(desc, value)
+            if slot is not None:
+                env[slot] = array
+
+    def _bind_persistables(self, prepared: _ProgramPlan, scope: Scope, env: list, feed):
+        for slot, name in prepared.persistable_reads:
+            if env[slot] is not None:
+                continue
+            value = _scope_value(scope, name)
+            if value is None:
+                raise UninitializedError(
+                    f"persistable variable '{name}' is not initialised in the scope: "
+                    f"run the startup program first (needed by "
+                    f"{_first_reader(prepared.block_plan, name)})"
+                )
+            env[slot] = value
+
+    def _fetch(self, frame: Frame, local: Scope, name: str) -> Any:
+        value = frame.value(name)
+        if value is None:
+            value = _scope_value(local, name)
+        if value is None:
+            value = _search_kid_scopes(local, name)
+        if value is None:
+            raise FetchError(f"fetch target '{name}' was not computed by the program")
+        return value
+
+    def run_sub_block(
+        self, block: Block, scope: Scope, values: Mapping[str, Any], parent: Frame
+    ) -> Frame:
+        """Run a sub-block in `scope`: `values` are bound by name, other inputs come from the
+        enclosing frames and the scope chain."""
+        plans = parent.plan.__dict__.setdefault("_sub_plans", {})
+        plan = plans.get(block.idx)
+        if plan is None or plan.block is not block:
+            plan = plans[block.idx] = BlockPlan(block)
+        frame = Frame(plan, scope, self, parent)
+        env = frame.env
+        slot_of = plan.slot_of
+        for name, value in values.items():
+            slot = slot_of.get(name)
+            if slot is not None:
+                env[slot] = value
+        for name in plan.external_inputs:
+            slot = slot_of[name]
+            if env[slot] is None:
+                env[slot] = parent.lookup(name) if scope is None else _lookup(frame, parent, name)
+        frame.run()
+        return frame
+
+    def eval(self, program: Program, targets, feed=None, scope=None) -> list[Any]:
+        """Seed 002's Eval: prune `program` to what `targets` need, run that, return targets."""
+        from nestflow.executor.prune import prune_cached
+
+        small = prune_cached(program, targets)
+        return self.run(small, feed=feed, fetch_list=targets, scope=scope)
+
+
+def _lookup(frame: Frame, parent: Frame, name: str) -> Any:
+    value = _scope_value(frame.scope, name)
+    return value if value is not None else parent.lookup(name)
+
+
+def _scope_value(scope: Scope | None, name: str) -> Any:
+    if scope is None:
+        return None
+    var = scope.find_var(name)
+    if var is None:
+        return None
+    held = var._value
+    return held._array if isinstance(held, Tensor) else held
+
+
+def _search_kid_scopes(scope: Scope, name: str) -> Any:
+    """A variable made inside a sub-block: the newest kid scope holding it wins."""
+    for kid in reversed(scope.kids):
+        var = kid.find_local_var(name)
+        if var is not None and var._value is not None:
+            held = var._value
+            return held._array if isinstance(held, Tensor) else held
+        found = _search_kid_scopes(kid, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _store(scope: Scope, name: str, value: Any) -> None:
+    var = scope.var(name)
+    if isinstance(value, np.ndarray):
+        tensor = var._value
+        if not isinstance(tensor, Tensor):
+            tensor = var.get_mutable(Tensor)
+        tensor._array = value
+    else:
+        var.set_value(value)
+
+
+def _to_numpy(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value.numpy()
+    return value
+
+
+def check_feed(desc: VarDesc, value: Any) -> np.ndarray:
+    """The fed value as an array of the variable's dtype; FeedError on a shape or dtype clash."""
+    if isinstance(value, Tensor):
+        value = value.data()
+    array = np.asarray(value)
+    want = np.dtype(desc.dtype)
+    if array.dtype != want:
+        same_kind = (array.dtype.kind in "fc") == (want.kind in "fc") and not (
+            want.kind == "b" and array.dtype.kind != "b"
+        )
+        if not same_kind or not np.can_cast(array.dtype, want, "same_kind"):
+            raise FeedError(
+                f"feed '{desc.name}' has dtype {array.dtype}, but the variable is {want} "
+                f"(cast it first: np.asarray(x, '{want}'))"
+            )
+        array = array.astype(want)
+    if desc.shape and (
+        array.ndim != len(desc.shape)
+        or any(d != -1 and d != a for d, a in zip(desc.shape, array.shape))
+    ):
+        raise FeedError(
+            f"feed '{desc.name}' has shape {list(array.shape)}, but the variable is declared "
+            f"{list(desc.shape)} (-1 = any)"
+        )
+    return array
+
+
+def _first_reader(plan: BlockPlan, name: str) -> str:
+    for i, op in enumerate(plan.ops):
+        if name in op.input_names():
+            where = f"op '{op.type}' (#{i})"
+            return where + (f" built at {op.source}" if op.source else "")
+    return "the program"
+
+
+def _missing_feed_message(plan: BlockPlan, name: str) -> str:
+    return f"variable '{name}' must be fed: it is read by {_first_reader(plan, name)}"
+
+
+__all__ = ["Executor", "NestflowError", "check_feed", "global_scope"]

@@ -1,0 +1,10 @@
+"""nf.layers: build programs by appending ops (the catalogue users expect)."""
+
+from nestflow.layers import initializer, variable_ops
+from nestflow.layers.initializer import ParamAttr
+from nestflow.layers.nn import *  # noqa: F403
+from nestflow.layers.nn import __all__ as _nn_all
+
+variable_ops.install()
+
+__all__ = ["ParamAttr", "initializer", *_nn_all]

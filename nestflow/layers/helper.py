@@ -1,0 +1,95 @@
+"""What every layer uses: append one op to the current block, make parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nestflow.framework import unique_name
+from nestflow.framework.program import (
+    Block,
+    VarDesc,
+    default_main_program,
+    default_startup_program,
+)
+from nestflow.layers.initializer import Constant, Initializer, ParamAttr, Xavier
+
+
+def current_block() -> Block:
+    return default_main_program().current_block()
+
+
+def append_op(
+    op_type: str,
+    inputs: Mapping[str, Any],
+    attrs: Mapping[str, Any] | None = None,
+    outputs: Sequence[str] = ("Out",),
+    name: str | None = None,
+    out: VarDesc | None = None,
+    stop_gradient: bool = False,
+) -> Any:
+    """Append `op_type` to the current block with fresh output variables; returns the output
+    VarDesc (or a tuple of them, one per output slot). Shapes and dtypes come from the op's
+    inference; if the op is rejected no variable is left behind."""
+    block = current_block()
+    prefix = name or op_type
+    created = []
+    out_vars = {}
+    for slot in outputs:
+        if out is not None and len(outputs) == 1:
+            out_vars[slot] = out
+            continue
+        var = block.create_var(unique_name.generate(f"{prefix}.tmp"), stop_gradient=stop_gradient)
+        created.append(var.name)
+        out_vars[slot] = var
+    try:
+        block.append_op(op_type, inputs=inputs, outputs=out_vars, attrs=dict(attrs or {}))
+    except BaseException:
+        for var_name in created:
+            block.remove_var(var_name)
+        raise
+    values = tuple(out_vars[s] for s in outputs)
+    return values[0] if len(values) == 1 else values
+
+
+def create_parameter(
+    shape: Sequence[int],
+    dtype: Any = "float32",
+    name: str | None = None,
+    initializer: Initializer | None = None,
+    trainable: bool = True,
+    default_initializer: Initializer | None = None,
+) -> VarDesc:
+    """A parameter in the main program's global block, initialised by an op in the startup
+    program (Xavier by default for weights)."""
+    main = default_main_program()
+    name = name or unique_name.generate("param")
+    existing = main.global_block().find_var(name)
+    if existing is not None:
+        return existing
+    param = main.global_block().create_parameter(name, shape, dtype, trainable=trainable)
+    startup_block = default_startup_program().global_block()
+    startup_var = startup_block.create_var(name, shape, dtype, persistable=True)
+    init = initializer or default_initializer or Xavier()
+    init(startup_var, startup_block)
+    return param
+
+
+def parameter_from_attr(
+    attr: Any, shape: Sequence[int], dtype: str, default_name: str, default_init: Initializer
+) -> VarDesc | None:
+    spec = ParamAttr.of(attr)
+    if spec is None:
+        return None
+    return create_parameter(
+        shape,
+        dtype,
+        name=spec.name or default_name,
+        initializer=spec.initializer,
+        trainable=spec.trainable,
+        default_initializer=default_init,
+    )
+
+
+def zeros_initializer() -> Initializer:
+    return Constant(0.0)

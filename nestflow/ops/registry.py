@@ -1,0 +1,404 @@
+"""The operator registry: each op is one class, registered by one decorator.
+
+    @register_op
+    class relu:
+        inputs, outputs = ("X",), ("Out",)
+        infer = same_as("X")
+        def forward(X):
+            return np.maximum(X, 0)
+        def backward(X, Out, Out_grad):
+            return (Out_grad * (Out > 0),)
+
+The class body holds everything about the op (JAX-style): slot names, attribute defaults, shape
+and dtype inference, the NumPy kernel and the gradient. Defining `backward` also registers the
+gradient op `relu_grad` and the default grad maker; an op with unusual gradient wiring defines
+`grad_maker` instead. Control-flow and other scope-aware ops define `run(ctx)` instead of
+`forward`, and get the executor's run context.
+
+Slot spelling: "X" one variable, "X*" a list of variables (duplicable), "X?" optional.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from nestflow.core.dtype import dtype_name
+from nestflow.errors import AttrError, NestflowError, ShapeError, UnknownOpError
+from nestflow.framework.program import GRAD_SUFFIX, OpDesc, install_op_validator
+
+
+class VarInfo(NamedTuple):
+    """What shape inference sees of a variable: its shape (-1 = unknown) and dtype name."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    duplicable: bool = False
+    optional: bool = False
+
+    @classmethod
+    def parse(cls, spec: str) -> Slot:
+        if spec.endswith("*"):
+            return cls(spec[:-1], duplicable=True, optional=True)
+        if spec.endswith("?"):
+            return cls(spec[:-1], optional=True)
+        return cls(spec)
+
+
+class Required:
+    """Marks an attribute with no default; `kind` is the Python type it must have."""
+
+    def __init__(self, kind: type):
+        self.kind = kind
+
+    def __repr__(self) -> str:
+        return f"Required({self.kind.__name__})"
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    name: str
+    kind: type | None  # None: any value
+    default: Any
+    required: bool
+
+    def coerce(self, value: Any) -> Any:
+        kind = self.kind
+        if kind is None or value is None:
+            return value
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if kind is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if kind is int and hasattr(value, "item") and not isinstance(value, bool):
+            return int(value.item())
+        if kind is list and isinstance(value, (list, tuple)):
+            return list(value)
+        if kind is str and self.name in ("dtype", "out_dtype") and not isinstance(value, str):
+            return dtype_name(value)
+        if kind is str and self.name in ("dtype", "out_dtype"):
+            return dtype_name(value)
+        if isinstance(value, kind) and not (kind is not bool and isinstance(value, bool)):
+            return value
+        raise AttrError(
+            f"attribute '{self.name}' must be {kind.__name__}, got {type(value).__name__} "
+            f"({value!r})"
+        )
+
+
+@dataclass
+class OpDef:
+    """Everything known about one operator type."""
+
+    type: str
+    inputs: tuple[Slot, ...]
+    outputs: tuple[Slot, ...]
+    attrs: dict[str, AttrSpec]
+    infer: Callable | None = None
+    infer_op: Callable | None = None
+    forward: Callable | None = None
+    run: Callable | None = None
+    backward: Callable | None = None
+    grad_maker: Callable | None = None
+    no_grad_inputs: frozenset[str] = frozenset()
+    forward_type: str | None = None  # set on generated gradient ops
+    backward_wants_needs: bool = False
+    doc: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_gradient(self) -> bool:
+        return self.grad_maker is not None
+
+    @property
+    def grad_inputs(self) -> tuple[Slot, ...]:
+        """The input slots that receive gradients."""
+        return tuple(s for s in self.inputs if s.name not in self.no_grad_inputs)
+
+    def input_slot(self, name: str) -> Slot | None:
+        return next((s for s in self.inputs if s.name == name), None)
+
+    def output_slot(self, name: str) -> Slot | None:
+        return next((s for s in self.outputs if s.name == name), None)
+
+    def check_attrs(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Attributes with defaults filled in and values coerced; raises AttrError."""
+        unknown = set(attrs) - set(self.attrs) - _FRAMEWORK_ATTRS
+        if unknown:
+            raise AttrError(
+                f"unknown attribute(s) {sorted(unknown)}; '{self.type}' takes {sorted(self.attrs)}"
+            )
+        checked = {k: v for k, v in attrs.items() if k in _FRAMEWORK_ATTRS}
+        for name, spec in self.attrs.items():
+            if name in attrs:
+                checked[name] = spec.coerce(attrs[name])
+            elif spec.required:
+                raise AttrError(f"attribute '{name}' is required")
+            else:
+                checked[name] = spec.default
+        return checked
+
+
+# Attributes any op may carry that belong to the framework, not the op.
+_FRAMEWORK_ATTRS = frozenset({"op_role", "op_namescope"})
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+def get_op_def(op_type: str) -> OpDef:
+    op_def = _REGISTRY.get(op_type)
+    if op_def is None:
+        raise UnknownOpError(f"no operator named '{op_type}' is registered")
+    return op_def
+
+
+def has_op(op_type: str) -> bool:
+    return op_type in _REGISTRY
+
+
+def registered_ops() -> dict[str, OpDef]:
+    return dict(_REGISTRY)
+
+
+def _attr_specs(raw: dict[str, Any]) -> dict[str, AttrSpec]:
+    specs = {}
+    for name, default in raw.items():
+        if isinstance(default, Required):
+            specs[name] = AttrSpec(name, default.kind, None, True)
+        elif default is None:
+            specs[name] = AttrSpec(name, None, None, False)
+        else:
+            kind = type(default)
+            kind = list if kind is tuple else kind
+            specs[name] = AttrSpec(name, kind, default, False)
+    return specs
+
+
+def _plain(cls: type, name: str) -> Any:
+    value = cls.__dict__.get(name)
+    return value.__func__ if isinstance(value, staticmethod) else value
+
+
+def register_op(cls: type) -> type:
+    """Register the op described by class `cls` (and its gradient op if it has `backward`)."""
+    op_type = cls.__dict__.get("type", cls.__name__)
+    if op_type in _REGISTRY:
+        raise NestflowError(f"operator '{op_type}' is registered twice")
+    backward = _plain(cls, "backward")
+    op_def = OpDef(
+        type=op_type,
+        inputs=tuple(Slot.parse(s) for s in cls.__dict__.get("inputs", ())),
+        outputs=tuple(Slot.parse(s) for s in cls.__dict__.get("outputs", ())),
+        attrs=_attr_specs(cls.__dict__.get("attrs", {})),
+        infer=_plain(cls, "infer"),
+        infer_op=_plain(cls, "infer_op"),
+        forward=_plain(cls, "forward"),
+        run=_plain(cls, "run"),
+        backward=backward,
+        grad_maker=_plain(cls, "grad_maker"),
+        no_grad_inputs=frozenset(cls.__dict__.get("no_grad_inputs", ())),
+        doc=inspect.cleandoc(cls.__doc__ or ""),
+    )
+    if op_def.forward is None and op_def.run is None:
+        raise NestflowError(f"operator '{op_type}' defines neither forward nor run")
+    _REGISTRY[op_type] = op_def
+    if backward is not None:
+        grad_def = _gradient_op_def(op_def)
+        _REGISTRY[grad_def.type] = grad_def
+        if op_def.grad_maker is None:
+            op_def.grad_maker = default_grad_maker
+    cls.op_def = op_def
+    return cls
+
+
+def grad_slot(slot: str) -> str:
+    return slot + GRAD_SUFFIX
+
+
+def _gradient_op_def(fwd: OpDef) -> OpDef:
+    """The `<type>_grad` op: reads forward inputs, outputs and output grads; writes input grads."""
+    grad_outputs = tuple(
+        Slot(grad_slot(s.name), s.duplicable, optional=True) for s in fwd.grad_inputs
+    )
+    inputs = (
+        tuple(Slot(s.name, s.duplicable, optional=True) for s in fwd.inputs)
+        + tuple(Slot(s.name, s.duplicable, optional=True) for s in fwd.outputs)
+        + tuple(Slot(grad_slot(s.name), s.duplicable, optional=True) for s in fwd.outputs)
+    )
+    return OpDef(
+        type=fwd.type + "_grad",
+        inputs=inputs,
+        outputs=grad_outputs,
+        attrs=dict(fwd.attrs),
+        infer_op=_infer_grad_like_forward,
+        forward=fwd.backward,
+        forward_type=fwd.type,
+        backward_wants_needs="needs" in inspect.signature(fwd.backward).parameters,
+    )
+
+
+def _infer_grad_like_forward(op: OpDesc) -> None:
+    """A gradient has the shape and dtype of the variable it is the gradient of."""
+    block = op.block
+    for slot, names in op.outputs.items():
+        fwd_names = op.inputs.get(slot[: -len(GRAD_SUFFIX)], [])
+        for name, fwd_name in zip(names, fwd_names):
+            fwd_var = block.find_var(fwd_name)
+            var = block.find_var(name) or block.create_var(name)
+            if fwd_var is not None:
+                var.shape, var.dtype = fwd_var.shape, fwd_var.dtype
+
+
+@dataclass
+class GradOpSpec:
+    """A gradient op to append: what a grad maker returns."""
+
+    type: str
+    inputs: dict[str, list[str]]
+    outputs: dict[str, list[str]]
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def default_grad_maker(op: OpDesc, grad_of: Callable[[str], str | None]) -> list[GradOpSpec]:
+    """One `<type>_grad` op. `grad_of(name)` gives the gradient name wanted for a forward input
+    (None if it needs none) or available for a forward output (None if none flows back)."""
+    op_def = get_op_def(op.type)
+    inputs: dict[str, list[str]] = {}
+    for slot in op_def.inputs + op_def.outputs:
+        if op.inputs.get(slot.name) or op.outputs.get(slot.name):
+            inputs[slot.name] = list(op.inputs.get(slot.name) or op.outputs.get(slot.name))
+    any_out_grad = False
+    for slot in op_def.outputs:
+        names = op.outputs.get(slot.name, [])
+        grads = [grad_of(n) for n in names]
+        if any(g is not None for g in grads):
+            any_out_grad = True
+            inputs[grad_slot(slot.name)] = [g if g is not None else "" for g in grads]
+    outputs: dict[str, list[str]] = {}
+    for slot in op_def.grad_inputs:
+        grads = [grad_of(n) for n in op.inputs.get(slot.name, [])]
+        if any(g is not None for g in grads):
+            outputs[grad_slot(slot.name)] = [g if g is not None else "" for g in grads]
+    if not any_out_grad or not outputs:
+        return []
+    return [GradOpSpec(op.type + "_grad", inputs, outputs, dict(op.attrs))]
+
+
+# ---- build-time validation and shape inference ----
+
+
+def validate_op(op: OpDesc) -> None:
+    """Check `op` against its definition and infer its outputs' shapes and dtypes (in place)."""
+    try:
+        op_def = get_op_def(op.type)
+    except UnknownOpError as exc:
+        raise UnknownOpError(exc.message, location=op.location()) from None
+    try:
+        _check_slots(op, op_def)
+        op.attrs = op_def.check_attrs(op.attrs)
+        if op_def.infer_op is not None:
+            op_def.infer_op(op)
+        elif op_def.infer is not None:
+            _run_infer(op, op_def)
+    except NestflowError as exc:
+        if exc.location is not None:
+            raise
+        raise type(exc)(exc.message, location=op.location()) from None
+
+
+def _check_slots(op: OpDesc, op_def: OpDef) -> None:
+    for kind, given, slots in (
+        ("input", op.inputs, op_def.inputs),
+        ("output", op.outputs, op_def.outputs),
+    ):
+        known = {s.name: s for s in slots}
+        for name in given:
+            if name not in known:
+                raise AttrError(f"unknown {kind} slot '{name}'; '{op.type}' has {sorted(known)}")
+        for slot in slots:
+            names = given.get(slot.name, [])
+            if not slot.optional and not names:
+                raise AttrError(f"{kind} slot '{slot.name}' needs a variable")
+            if not slot.duplicable and len(names) > 1:
+                raise AttrError(f"{kind} slot '{slot.name}' takes one variable, got {names}")
+    block = op.block
+    for name in op.input_names():
+        if name and block.find_var(name) is None:
+            raise NestflowError(f"input variable '{name}' is not declared in block {block.idx}")
+
+
+def var_info(block, name: str) -> VarInfo | None:
+    var = block.find_var(name)
+    return None if var is None else VarInfo(var.shape, var.dtype)
+
+
+def _slot_infos(block, names: list[str], slot: Slot):
+    if slot.duplicable:
+        return [var_info(block, n) for n in names]
+    return var_info(block, names[0]) if names else None
+
+
+def _run_infer(op: OpDesc, op_def: OpDef) -> None:
+    block = op.block
+    args = [_slot_infos(block, op.inputs.get(s.name, []), s) for s in op_def.inputs]
+    attrs = {k: v for k, v in op.attrs.items() if k in op_def.attrs}
+    result = op_def.infer(*args, **attrs)
+    outs = result if isinstance(result, tuple) and not isinstance(result, VarInfo) else (result,)
+    for slot, info in zip(op_def.outputs, outs):
+        names = op.outputs.get(slot.name, [])
+        infos = info if slot.duplicable else [info]
+        for name, one in zip(names, infos):
+            if one is None:
+                continue
+            var = block.find_var(name) or block.create_var(name)
+            var.shape, var.dtype = tuple(one.shape), one.dtype
+
+
+install_op_validator(validate_op)
+
+
+# ---- helpers for writing infer functions ----
+
+
+def fail(message: str) -> None:
+    raise ShapeError(message)
+
+
+def same_as(slot_index: int = 0) -> Callable:
+    """infer: the (only) output is shaped like the `slot_index`-th input."""
+
+    def infer(*args, **_attrs):
+        return args[slot_index]
+
+    return infer
+
+
+def broadcast_shapes(a: Sequence[int], b: Sequence[int], what: str = "X and Y") -> tuple[int, ...]:
+    """NumPy broadcasting of two shapes in which -1 means unknown."""
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else 1
+        y = b[-i] if i <= len(b) else 1
+        if x == 1:
+            out.append(y)
+        elif y == 1 or x == y:
+            out.append(x)
+        elif x == -1 or y == -1:
+            out.append(max(x, y))
+        else:
+            raise ShapeError(
+                f"{what} do not broadcast: shapes {list(a)} and {list(b)} differ in dim -{i} "
+                f"({x} vs {y})"
+            )
+    return tuple(reversed(out))
