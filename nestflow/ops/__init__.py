@@ -3,6 +3,7 @@
 from nestflow.ops import activation, math, tensor  # noqa: F401  (registers the ops)
 from nestflow.ops.random_state import seed
 from nestflow.ops.registry import (
+    GradContext,
     GradOpSpec,
     OpDef,
     Required,
@@ -14,6 +15,7 @@ from nestflow.ops.registry import (
 )
 
 __all__ = [
+    "GradContext",
     "GradOpSpec",
     "OpDef",
     "Required",

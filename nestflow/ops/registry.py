@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from nestflow.core.dtype import dtype_name
 from nestflow.errors import AttrError, NestflowError, ShapeError, UnknownOpError
@@ -270,9 +270,25 @@ class GradOpSpec:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
-def default_grad_maker(op: OpDesc, grad_of: Callable[[str], str | None]) -> list[GradOpSpec]:
-    """One `<type>_grad` op. `grad_of(name)` gives the gradient name wanted for a forward input
-    (None if it needs none) or available for a forward output (None if none flows back)."""
+class GradContext(Protocol):
+    """What append_backward offers a grad maker (defined in nestflow.executor.backward)."""
+
+    def grad_of(self, name: str) -> str | None:
+        """For a forward input: the gradient name to produce, or None if none is needed.
+        For a forward output: the gradient name that flows back, or None if none does."""
+
+    def backward_block(
+        self, sub_block: Any, out_grads: dict[str, str], wanted: list[str]
+    ) -> tuple[Any, dict[str, str]]:
+        """Build the gradient block of `sub_block` (a new block of the same program): given
+        gradient names available for some of its variables (`out_grads`: var -> grad var),
+        produce gradients for the `wanted` variables. Returns the block and, for each wanted
+        variable that received a gradient, its gradient name inside that block."""
+
+
+def default_grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
+    """One `<type>_grad` op reading the forward inputs, outputs and output gradients."""
+    grad_of = ctx.grad_of
     op_def = get_op_def(op.type)
     inputs: dict[str, list[str]] = {}
     for slot in op_def.inputs + op_def.outputs:
