@@ -100,6 +100,29 @@ class Frame:
         slot = self.plan.slot_of.get(name)
         return None if slot is None else self.env[slot]
 
+    def store_in_scope(self, scope=None, names=None) -> None:
+        """Keep this frame's values as variables of `scope` (default: the frame's scope), so a
+        gradient op can run in that scope later. By default every variable the block declares
+        itself is kept (outer variables stay where they are)."""
+        from nestflow.core.tensor import Tensor
+
+        scope = scope if scope is not None else self.scope
+        block = self.plan.block
+        if names is None:
+            names = [n for n in self.plan.names if n in block.vars]
+        for name in names:
+            slot = self.plan.slot_of.get(name)
+            value = None if slot is None else self.env[slot]
+            if value is None:
+                continue
+            var = scope.var(name)
+            if isinstance(value, np.ndarray):
+                tensor = Tensor()
+                tensor._array = value
+                var.set_value(tensor)
+            else:
+                var.set_value(value)
+
     def run(self) -> None:
         steps = self.plan.steps
         env = self.env
