@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0f\x66ramework.proto\x12\x12nestflow.framework\"\xc6\x01\n\x07VarDesc\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x04type\x18\x02 \x01(\x0e\x32\x1b.nestflow.framework.VarType\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x13\n\x0bpersistable\x18\x05 \x01(\x08\x12\x15\n\rstop_gradient\x18\x06 \x01(\x08\x12\x14\n\x0cis_parameter\x18\x07 \x01(\x08\x12\x11\n\ttrainable\x18\x08 \x01(\x08\x12\x0f\n\x07lengths\x18\t \x01(\t\"\xcb\x02\n\x04\x41ttr\x12\x0b\n\x01i\x18\x01 \x01(\x03H\x00\x12\x0b\n\x01\x66\x18\x02 \x01(\x01H\x00\x12\x0b\n\x01s\x18\x03 \x01(\tH\x00\x12\x0b\n\x01\x62\x18\x04 \x01(\x08H\x00\x12+\n\x04ints\x18\x05 \x01(\x0b\x32\x1b.nestflow.framework.IntListH\x00\x12/\n\x06\x66loats\x18\x06 \x01(\x0b\x32\x1d.nestflow.framework.FloatListH\x00\x12\x31\n\x07strings\x18\x07 \x01(\x0b\x32\x1e.nestflow.framework.StringListH\x00\x12-\n\x05\x62ools\x18\x08 \x01(\x0b\x32\x1c.nestflow.framework.BoolListH\x00\x12\x13\n\tblock_idx\x18\t \x01(\x05H\x00\x12\x31\n\nblocks_idx\x18\n \x01(\x0b\x32\x1b.nestflow.framework.IntListH\x00\x42\x07\n\x05value\"\x19\n\x07IntList\x12\x0e\n\x06values\x18\x01 \x03(\x03\"\x1b\n\tFloatList\x12\x0e\n\x06values\x18\x01 \x03(\x01\"\x1c\n\nStringList\x12\x0e\n\x06values\x18\x01 \x03(\t\"\x1a\n\x08\x42oolList\x12\x0e\n\x06values\x18\x01 \x03(\x08\"\xb5\x02\n\x06OpDesc\x12\x0c\n\x04type\x18\x01 \x01(\t\x12/\n\x06inputs\x18\x02 \x03(\x0b\x32\x1f.nestflow.framework.OpDesc.Slot\x12\x30\n\x07outputs\x18\x03 \x03(\x0b\x32\x1f.nestflow.framework.OpDesc.Slot\x12\x34\n\x05\x61ttrs\x18\x04 \x03(\x0b\x32%.nestflow.framework.OpDesc.AttrsEntry\x12\x0e\n\x06source\x18\x05 \x01(\t\x1a,\n\x04Slot\x12\x11\n\tparameter\x18\x01 \x01(\t\x12\x11\n\targuments\x18\x02 \x03(\t\x1a\x46\n\nAttrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.nestflow.framework.Attr:\x02\x38\x01\"\x9b\x01\n\tBlockDesc\x12\x0b\n\x03idx\x18\x01 \x01(\x05\x12\x12\n\nparent_idx\x18\x02 \x01(\x05\x12)\n\x04vars\x18\x03 \x03(\x0b\x32\x1b.nestflow.framework.VarDesc\x12\'\n\x03ops\x18\x04 \x03(\x0b\x32\x1a.nestflow.framework.OpDesc\x12\x19\n\x11\x66orward_block_idx\x18\x05 \x01(\x05\"b\n\x0bProgramDesc\x12-\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1d.nestflow.framework.BlockDesc\x12\x13\n\x0brandom_seed\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x05\"\xe2\x02\n\x07NetDesc\x12\x39\n\nmodel_type\x18\x01 \x01(\x0e\x32%.nestflow.framework.NetDesc.ModelType\x12\'\n\x03ops\x18\x02 \x03(\x0b\x32\x1a.nestflow.framework.OpDesc\x12)\n\x04vars\x18\x03 \x03(\x0b\x32\x1b.nestflow.framework.VarDesc\x12,\n\x08step_ops\x18\x04 \x03(\x0b\x32\x1a.nestflow.framework.OpDesc\x12\x0f\n\x07inlinks\x18\x05 \x03(\t\x12\x10\n\x08outlinks\x18\x06 \x03(\t\x12\x0e\n\x06states\x18\x07 \x03(\t\x12\x12\n\npre_states\x18\x08 \x03(\t\x12\x13\n\x0b\x62oot_states\x18\t \x03(\t\x12\x17\n\x0fstep_count_from\x18\n \x01(\t\"%\n\tModelType\x12\t\n\x05PLAIN\x10\x00\x12\r\n\tRECURRENT\x10\x01*E\n\x07VarType\x12\x0e\n\nLOD_TENSOR\x10\x00\x12\x0f\n\x0bSTEP_SCOPES\x10\x01\x12\x10\n\x0cTENSOR_ARRAY\x10\x02\x12\x07\n\x03RAW\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0f\x66ramework.proto\x12\x12nestflow.framework\"\xdf\x01\n\x07VarDesc\x12\x0c\n\x04name\x18\x01 \x01(\t\x12)\n\x04type\x18\x02 \x01(\x0e\x32\x1b.nestflow.framework.VarType\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x13\n\x0bpersistable\x18\x05 \x01(\x08\x12\x15\n\rstop_gradient\x18\x06 \x01(\x08\x12\x14\n\x0cis_parameter\x18\x07 \x01(\x08\x12\x11\n\ttrainable\x18\x08 \x01(\x08\x12\x13\n\x0bis_sequence\x18\t \x01(\x08\x12\x13\n\x0blengths_var\x18\n \x01(\t\"\xcb\x02\n\x04\x41ttr\x12\x0b\n\x01i\x18\x01 \x01(\x03H\x00\x12\x0b\n\x01\x66\x18\x02 \x01(\x01H\x00\x12\x0b\n\x01s\x18\x03 \x01(\tH\x00\x12\x0b\n\x01\x62\x18\x04 \x01(\x08H\x00\x12+\n\x04ints\x18\x05 \x01(\x0b\x32\x1b.nestflow.framework.IntListH\x00\x12/\n\x06\x66loats\x18\x06 \x01(\x0b\x32\x1d.nestflow.framework.FloatListH\x00\x12\x31\n\x07strings\x18\x07 \x01(\x0b\x32\x1e.nestflow.framework.StringListH\x00\x12-\n\x05\x62ools\x18\x08 \x01(\x0b\x32\x1c.nestflow.framework.BoolListH\x00\x12\x13\n\tblock_idx\x18\t \x01(\x05H\x00\x12\x31\n\nblocks_idx\x18\n \x01(\x0b\x32\x1b.nestflow.framework.IntListH\x00\x42\x07\n\x05value\"\x19\n\x07IntList\x12\x0e\n\x06values\x18\x01 \x03(\x03\"\x1b\n\tFloatList\x12\x0e\n\x06values\x18\x01 \x03(\x01\"\x1c\n\nStringList\x12\x0e\n\x06values\x18\x01 \x03(\t\"\x1a\n\x08\x42oolList\x12\x0e\n\x06values\x18\x01 \x03(\x08\"\xb5\x02\n\x06OpDesc\x12\x0c\n\x04type\x18\x01 \x01(\t\x12/\n\x06inputs\x18\x02 \x03(\x0b\x32\x1f.nestflow.framework.OpDesc.Slot\x12\x30\n\x07outputs\x18\x03 \x03(\x0b\x32\x1f.nestflow.framework.OpDesc.Slot\x12\x34\n\x05\x61ttrs\x18\x04 \x03(\x0b\x32%.nestflow.framework.OpDesc.AttrsEntry\x12\x0e\n\x06source\x18\x05 \x01(\t\x1a,\n\x04Slot\x12\x11\n\tparameter\x18\x01 \x01(\t\x12\x11\n\targuments\x18\x02 \x03(\t\x1a\x46\n\nAttrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.nestflow.framework.Attr:\x02\x38\x01\"\x9b\x01\n\tBlockDesc\x12\x0b\n\x03idx\x18\x01 \x01(\x05\x12\x12\n\nparent_idx\x18\x02 \x01(\x05\x12)\n\x04vars\x18\x03 \x03(\x0b\x32\x1b.nestflow.framework.VarDesc\x12\'\n\x03ops\x18\x04 \x03(\x0b\x32\x1a.nestflow.framework.OpDesc\x12\x19\n\x11\x66orward_block_idx\x18\x05 \x01(\x05\"b\n\x0bProgramDesc\x12-\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1d.nestflow.framework.BlockDesc\x12\x13\n\x0brandom_seed\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x05\"\xe2\x02\n\x07NetDesc\x12\x39\n\nmodel_type\x18\x01 \x01(\x0e\x32%.nestflow.framework.NetDesc.ModelType\x12\'\n\x03ops\x18\x02 \x03(\x0b\x32\x1a.nestflow.framework.OpDesc\x12)\n\x04vars\x18\x03 \x03(\x0b\x32\x1b.nestflow.framework.VarDesc\x12,\n\x08step_ops\x18\x04 \x03(\x0b\x32\x1a.nestflow.framework.OpDesc\x12\x0f\n\x07inlinks\x18\x05 \x03(\t\x12\x10\n\x08outlinks\x18\x06 \x03(\t\x12\x0e\n\x06states\x18\x07 \x03(\t\x12\x12\n\npre_states\x18\x08 \x03(\t\x12\x13\n\x0b\x62oot_states\x18\t \x03(\t\x12\x17\n\x0fstep_count_from\x18\n \x01(\t\"%\n\tModelType\x12\t\n\x05PLAIN\x10\x00\x12\r\n\tRECURRENT\x10\x01*E\n\x07VarType\x12\x0e\n\nLOD_TENSOR\x10\x00\x12\x0f\n\x0bSTEP_SCOPES\x10\x01\x12\x10\n\x0cTENSOR_ARRAY\x10\x02\x12\x07\n\x03RAW\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OPDESC_ATTRSENTRY']._loaded_options = None
   _globals['_OPDESC_ATTRSENTRY']._serialized_options = b'8\001'
-  _globals['_VARTYPE']._serialized_start=1615
-  _globals['_VARTYPE']._serialized_end=1684
+  _globals['_VARTYPE']._serialized_start=1640
+  _globals['_VARTYPE']._serialized_end=1709
   _globals['_VARDESC']._serialized_start=40
-  _globals['_VARDESC']._serialized_end=238
-  _globals['_ATTR']._serialized_start=241
-  _globals['_ATTR']._serialized_end=572
-  _globals['_INTLIST']._serialized_start=574
-  _globals['_INTLIST']._serialized_end=599
-  _globals['_FLOATLIST']._serialized_start=601
-  _globals['_FLOATLIST']._serialized_end=628
-  _globals['_STRINGLIST']._serialized_start=630
-  _globals['_STRINGLIST']._serialized_end=658
-  _globals['_BOOLLIST']._serialized_start=660
-  _globals['_BOOLLIST']._serialized_end=686
-  _globals['_OPDESC']._serialized_start=689
-  _globals['_OPDESC']._serialized_end=998
-  _globals['_OPDESC_SLOT']._serialized_start=882
-  _globals['_OPDESC_SLOT']._serialized_end=926
-  _globals['_OPDESC_ATTRSENTRY']._serialized_start=928
-  _globals['_OPDESC_ATTRSENTRY']._serialized_end=998
-  _globals['_BLOCKDESC']._serialized_start=1001
-  _globals['_BLOCKDESC']._serialized_end=1156
-  _globals['_PROGRAMDESC']._serialized_start=1158
-  _globals['_PROGRAMDESC']._serialized_end=1256
-  _globals['_NETDESC']._serialized_start=1259
-  _globals['_NETDESC']._serialized_end=1613
-  _globals['_NETDESC_MODELTYPE']._serialized_start=1576
-  _globals['_NETDESC_MODELTYPE']._serialized_end=1613
+  _globals['_VARDESC']._serialized_end=263
+  _globals['_ATTR']._serialized_start=266
+  _globals['_ATTR']._serialized_end=597
+  _globals['_INTLIST']._serialized_start=599
+  _globals['_INTLIST']._serialized_end=624
+  _globals['_FLOATLIST']._serialized_start=626
+  _globals['_FLOATLIST']._serialized_end=653
+  _globals['_STRINGLIST']._serialized_start=655
+  _globals['_STRINGLIST']._serialized_end=683
+  _globals['_BOOLLIST']._serialized_start=685
+  _globals['_BOOLLIST']._serialized_end=711
+  _globals['_OPDESC']._serialized_start=714
+  _globals['_OPDESC']._serialized_end=1023
+  _globals['_OPDESC_SLOT']._serialized_start=907
+  _globals['_OPDESC_SLOT']._serialized_end=951
+  _globals['_OPDESC_ATTRSENTRY']._serialized_start=953
+  _globals['_OPDESC_ATTRSENTRY']._serialized_end=1023
+  _globals['_BLOCKDESC']._serialized_start=1026
+  _globals['_BLOCKDESC']._serialized_end=1181
+  _globals['_PROGRAMDESC']._serialized_start=1183
+  _globals['_PROGRAMDESC']._serialized_end=1281
+  _globals['_NETDESC']._serialized_start=1284
+  _globals['_NETDESC']._serialized_end=1638
+  _globals['_NETDESC_MODELTYPE']._serialized_start=1601
+  _globals['_NETDESC_MODELTYPE']._serialized_end=1638
 # @@protoc_insertion_point(module_scope)

@@ -19,7 +19,7 @@ TENSOR_ARRAY: VarType
 RAW: VarType
 
 class VarDesc(_message.Message):
-    __slots__ = ("name", "type", "dtype", "shape", "persistable", "stop_gradient", "is_parameter", "trainable", "lengths")
+    __slots__ = ("name", "type", "dtype", "shape", "persistable", "stop_gradient", "is_parameter", "trainable", "is_sequence", "lengths_var")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -28,7 +28,8 @@ class VarDesc(_message.Message):
     STOP_GRADIENT_FIELD_NUMBER: _ClassVar[int]
     IS_PARAMETER_FIELD_NUMBER: _ClassVar[int]
     TRAINABLE_FIELD_NUMBER: _ClassVar[int]
-    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    IS_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_VAR_FIELD_NUMBER: _ClassVar[int]
     name: str
     type: VarType
     dtype: str
@@ -37,8 +38,9 @@ class VarDesc(_message.Message):
     stop_gradient: bool
     is_parameter: bool
     trainable: bool
-    lengths: str
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[VarType, str]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., persistable: _Optional[bool] = ..., stop_gradient: _Optional[bool] = ..., is_parameter: _Optional[bool] = ..., trainable: _Optional[bool] = ..., lengths: _Optional[str] = ...) -> None: ...
+    is_sequence: bool
+    lengths_var: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[_Union[VarType, str]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., persistable: _Optional[bool] = ..., stop_gradient: _Optional[bool] = ..., is_parameter: _Optional[bool] = ..., trainable: _Optional[bool] = ..., is_sequence: _Optional[bool] = ..., lengths_var: _Optional[str] = ...) -> None: ...
 
 class Attr(_message.Message):
     __slots__ = ("i", "f", "s", "b", "ints", "floats", "strings", "bools", "block_idx", "blocks_idx")

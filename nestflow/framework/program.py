@@ -65,6 +65,8 @@ class VarDesc:
         stop_gradient: bool = False,
         is_parameter: bool = False,
         trainable: bool = True,
+        is_sequence: bool = False,
+        lengths_var: str = "",
     ):
         if type not in VAR_TYPES:
             raise NestflowError(f"variable '{name}': unknown type '{type}'")
@@ -77,6 +79,8 @@ class VarDesc:
         self.stop_gradient = stop_gradient
         self.is_parameter = is_parameter
         self.trainable = trainable
+        self.is_sequence = is_sequence
+        self.lengths_var = lengths_var
 
     @property
     def ndim(self) -> int:
@@ -96,10 +100,16 @@ class VarDesc:
             stop_gradient=self.stop_gradient,
             is_parameter=self.is_parameter,
             trainable=self.trainable,
+            is_sequence=self.is_sequence,
+            lengths_var=self.lengths_var,
         )
 
     def __repr__(self) -> str:
-        flags = [f for f in ("persistable", "is_parameter", "stop_gradient") if getattr(self, f)]
+        flags = [
+            f
+            for f in ("persistable", "is_parameter", "stop_gradient", "is_sequence")
+            if getattr(self, f)
+        ]
         shape = "[" + ", ".join(str(d) for d in self.shape) + "]"
         kind = "" if self.type == "lod_tensor" else f" {self.type}"
         extra = f" ({', '.join(flags)})" if flags else ""
@@ -501,6 +511,8 @@ class Program:
                     vdesc.stop_gradient,
                     vdesc.is_parameter,
                     vdesc.trainable,
+                    vdesc.is_sequence,
+                    vdesc.lengths_var,
                 )
             for odesc in bdesc.ops:
                 try:
