@@ -26,6 +26,7 @@ from nestflow.framework import (
     unique_name,
 )
 from nestflow.layers import ParamAttr, data, initializer
+from nestflow.layers.seed_api import get_variable, minibatch, sequence, var
 from nestflow.ops import seed
 
 layer = layers
@@ -52,6 +53,10 @@ __all__ = [
     "default_main_program",
     "default_startup_program",
     "errors",
+    "get_variable",
+    "minibatch",
+    "sequence",
+    "var",
     "global_scope",
     "initializer",
     "layer",
