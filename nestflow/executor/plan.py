@@ -233,12 +233,14 @@ class BlockPlan:
 
 def _kernel_step(op_def: OpDef, attrs: dict, in_slots: dict, out_slots: dict) -> Callable:
     """A closure running `op_def.forward` on env slots; the common shapes get fast versions."""
-    kernel = op_def.forward
-    if op_def.backward_wants_needs:
-        needs = tuple(bool(out_slots.get(s.name)) for s in op_def.outputs)
-        attrs = dict(attrs, needs=needs)
-    if attrs:
-        kernel = functools.partial(kernel, **attrs)
+    kernel = op_def.specialize(**attrs) if op_def.specialize is not None else None
+    if kernel is None:
+        kernel = op_def.forward
+        if op_def.backward_wants_needs:
+            needs = tuple(bool(out_slots.get(s.name)) for s in op_def.outputs)
+            attrs = dict(attrs, needs=needs)
+        if attrs:
+            kernel = functools.partial(kernel, **attrs)
     # Argument sources: one slot, a list of slots (duplicable), or absent (None).
     sources = []
     for slot in op_def.inputs:

@@ -13,7 +13,9 @@ The class body holds everything about the op (JAX-style): slot names, attribute 
 and dtype inference, the NumPy kernel and the gradient. Defining `backward` also registers the
 gradient op `relu_grad` and the default grad maker; an op with unusual gradient wiring defines
 `grad_maker` instead. Control-flow and other scope-aware ops define `run(ctx)` instead of
-`forward`, and get the executor's run context.
+`forward`, and get the executor's run context. An op may also define `specialize(**attrs)`
+returning a faster kernel for those attrs (e.g. `np.add` when no axis alignment is needed), or
+None to keep `forward`; the executor binds it once when it prepares a plan.
 
 Slot spelling: "X" one variable, "X*" a list of variables (duplicable), "X?" optional.
 """
@@ -108,6 +110,7 @@ class OpDef:
     infer: Callable | None = None
     infer_op: Callable | None = None
     forward: Callable | None = None
+    specialize: Callable | None = None
     run: Callable | None = None
     backward: Callable | None = None
     grad_maker: Callable | None = None
@@ -204,6 +207,7 @@ def register_op(cls: type) -> type:
         infer=_plain(cls, "infer"),
         infer_op=_plain(cls, "infer_op"),
         forward=_plain(cls, "forward"),
+        specialize=_plain(cls, "specialize"),
         run=_plain(cls, "run"),
         backward=backward,
         grad_maker=_plain(cls, "grad_maker"),
