@@ -1,0 +1,178 @@
+"""Shared benchmark machinery: interleaved medians, result rows and their printing.
+
+Every workload times its contenders (nestflow, PyTorch, the NumPy-by-hand floor) in the same
+process, alternating rounds A, B, C, A, B, C ... so that slow drifts of the machine (thermal,
+other processes on 2 cores) hit every contender alike; only ratios from one run mean much.
+
+A workload's `run()` returns a result dict::
+
+    {"workload": "W2 ...", "rows": [row, ...]}
+
+and a row is a dict: `metric`, `unit`, the three values `numpy`, `torch`, `nestflow` (a float in
+`unit`, or a string such as "n/a (reason)" or "–"), and `targets`, a list of `(ref, limit)`
+where ref is "torch" or "numpy" (nestflow/ref <= limit) or "abs" (nestflow <= limit in `unit`).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+ROUNDS = 7
+TORCH_THREADS = 2
+
+Row = dict[str, Any]
+
+
+def setup_torch():
+    """Import torch with the thread count the issue fixes for every comparison; None if absent."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(TORCH_THREADS)
+    return torch
+
+
+def calls_per_round(fn: Callable[[], Any], budget_s: float) -> int:
+    """How many calls of `fn` fill about `budget_s` seconds (at least 1)."""
+    fn()
+    start = time.perf_counter()
+    fn()
+    once = time.perf_counter() - start
+    return max(1, int(budget_s / max(once, 1e-9)))
+
+
+def interleaved(
+    cases: dict[str, Callable[[], Any]],
+    rounds: int = ROUNDS,
+    budget_s: float = 0.05,
+    warmup: int = 2,
+) -> dict[str, float]:
+    """Median seconds per call of each case, rounds alternating between the cases.
+
+    Each round calls a case `n` times back to back (n chosen so one round takes ~budget_s) and
+    records the mean; the result is the median of those means over `rounds` rounds.
+    """
+    for fn in cases.values():
+        for _ in range(warmup):
+            fn()
+    numbers = {name: calls_per_round(fn, budget_s) for name, fn in cases.items()}
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    clock = time.perf_counter
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            n = numbers[name]
+            gc.collect()
+            start = clock()
+            for _ in range(n):
+                fn()
+            samples[name].append((clock() - start) / n)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def unavailable(exc: BaseException) -> str:
+    """The table entry for a contender that cannot run: never a made-up number."""
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if len(text) > 90:
+        text = text[:87] + "..."
+    return f"n/a ({text})"
+
+
+def row(
+    metric: str,
+    unit: str,
+    nestflow: float | str,
+    torch: float | str = "–",
+    numpy: float | str = "–",
+    targets: list[tuple[str, float]] | None = None,
+) -> Row:
+    return {
+        "metric": metric,
+        "unit": unit,
+        "nestflow": nestflow,
+        "torch": torch,
+        "numpy": numpy,
+        "targets": list(targets or []),
+    }
+
+
+def ratio(row_: Row, ref: str) -> float | None:
+    a, b = row_["nestflow"], row_[ref]
+    if isinstance(a, float | int) and isinstance(b, float | int) and b > 0:
+        return a / b
+    return None
+
+
+def target_status(row_: Row) -> str:
+    """'met', 'MISSED' or '?' (a side unavailable), for every target of the row."""
+    parts = []
+    for ref, limit in row_["targets"]:
+        if ref == "abs":
+            value = row_["nestflow"]
+            got = value if isinstance(value, float | int) else None
+            label = f"<= {limit:g} {row_['unit']}"
+        else:
+            got = ratio(row_, ref)
+            label = f"<= {limit:g}x {'PyTorch' if ref == 'torch' else 'NumPy'}"
+        if got is None:
+            parts.append(f"{label}: ?")
+        else:
+            parts.append(f"{label}: {'met' if got <= limit else 'MISSED'}")
+    return "; ".join(parts) if parts else "–"
+
+
+def fmt_value(value: Any, unit: str) -> str:
+    if isinstance(value, float | int):
+        if value >= 100:
+            return f"{value:.0f} {unit}"
+        if value >= 10:
+            return f"{value:.1f} {unit}"
+        return f"{value:.3g} {unit}"
+    return str(value)
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
+
+
+def print_result(result: dict) -> None:
+    print(f"== {result['workload']}")
+    for r in result["rows"]:
+        unit = r["unit"]
+        print(f"  {r['metric']}")
+        print(f"    NumPy by hand : {fmt_value(r['numpy'], unit)}")
+        print(f"    PyTorch eager : {fmt_value(r['torch'], unit)}")
+        print(f"    nestflow      : {fmt_value(r['nestflow'], unit)}")
+        print(f"    nestflow/PyTorch {fmt_ratio(ratio(r, 'torch'))}", end="")
+        print(f"   nestflow/NumPy {fmt_ratio(ratio(r, 'numpy'))}")
+        print(f"    target: {target_status(r)}")
+    for note in result.get("notes", []):
+        print(f"  note: {note}")
+
+
+def markdown_table(results: list[dict]) -> str:
+    head = (
+        "| workload | metric | NumPy by hand | PyTorch eager | nestflow | nestflow/PyTorch "
+        "| nestflow/NumPy | target |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for result in results:
+        for r in result["rows"]:
+            unit = r["unit"]
+            cells = [
+                result["workload"],
+                r["metric"],
+                fmt_value(r["numpy"], unit),
+                fmt_value(r["torch"], unit),
+                fmt_value(r["nestflow"], unit),
+                fmt_ratio(ratio(r, "torch")),
+                fmt_ratio(ratio(r, "numpy")),
+                target_status(r),
+            ]
+            lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return head + "\n".join(lines) + "\n"
