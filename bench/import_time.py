@@ -10,7 +10,7 @@ import statistics
 import subprocess
 import sys
 
-from timing import print_result, row, unavailable
+from timing import error_line, print_result, row, unavailable
 
 CHILD = "import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
 
@@ -25,8 +25,7 @@ def import_seconds(module: str, repeats: int) -> float | str:
             text=True,
         )
         if done.returncode != 0:
-            tail = (done.stderr.strip().splitlines() or ["failed"])[-1]
-            return unavailable(RuntimeError(tail))
+            return unavailable(RuntimeError(error_line(done.stderr)))
         values.append(float(done.stdout.strip().splitlines()[-1]))
     return statistics.median(values)
 

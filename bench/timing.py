@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -82,6 +83,13 @@ def unavailable(exc: BaseException) -> str:
     return f"n/a ({text})"
 
 
+def error_line(stderr: str) -> str:
+    """The line of a child's stderr that names its exception (the last line otherwise)."""
+    lines = [line.strip() for line in stderr.strip().splitlines()] or ["child failed"]
+    named = [line for line in lines if "Error" in line.split(":")[0]]
+    return named[-1] if named else lines[-1]
+
+
 def row(
     metric: str,
     unit: str,
@@ -139,7 +147,7 @@ def fmt_ratio(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}x"
 
 
-def print_result(result: dict) -> None:
+def print_result(result: dict, flush: bool = False) -> None:
     print(f"== {result['workload']}")
     for r in result["rows"]:
         unit = r["unit"]
@@ -152,6 +160,8 @@ def print_result(result: dict) -> None:
         print(f"    target: {target_status(r)}")
     for note in result.get("notes", []):
         print(f"  note: {note}")
+    if flush:
+        sys.stdout.flush()
 
 
 def markdown_table(results: list[dict]) -> str:

@@ -1,0 +1,97 @@
+"""`make bench`: run every workload, print each result, write the table to bench/RESULTS.md.
+
+A workload that fails outright still gets a row ("n/a (reason)") so the table always shows
+every workload; numbers are never carried over from an earlier run.
+
+    python bench/run_all.py [--only w1,w2] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from timing import TORCH_THREADS, markdown_table, print_result, row, unavailable
+
+WORKLOADS = {
+    "w1": ("w1_mlp", "W1 MLP 784-512-512-10, batch 128, SGD"),
+    "w2": ("w2_per_op", "W2 chain of 1000 elementwise adds, shape [4]"),
+    "w3": ("w3_rnn", "W3 tanh RNN T=32, batch 32, 64->128, train step"),
+    "w4": ("w4_ifelse", "W4 per-row IfElse 1024x64, two fc branches, forward"),
+    "w5": ("w5_run_overhead", "W5 one Executor.run (feed, 1 scale op, fetch)"),
+    "w6": ("w6_peak_rss", "W6 peak RSS of W1 training"),
+    "import": ("import_time", "import time"),
+}
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def run_workload(key: str) -> dict:
+    module_name, title = WORKLOADS[key]
+    try:
+        module = importlib.import_module(module_name)
+        return module.run()
+    except Exception as exc:
+        return {"workload": title, "rows": [row("whole workload", "", unavailable(exc))]}
+
+
+def environment() -> str:
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "not installed"
+    return (
+        f"{datetime.date.today()}; {platform.machine()}, {os.cpu_count()} cores; "
+        f"Python {platform.python_version()}, NumPy {np.__version__}, PyTorch {torch_version} "
+        f"({TORCH_THREADS} threads)"
+    )
+
+
+def write_results(results: list[dict], seconds: float) -> None:
+    notes = [f"- {r['workload']}: {n}" for r in results for n in r.get("notes", [])]
+    text = (
+        "# nestflow benchmarks\n\n"
+        "Written by `make bench` (bench/run_all.py); do not edit by hand. Each workload runs "
+        "nestflow, PyTorch eager and a NumPy-by-hand floor interleaved in one process (medians "
+        "of interleaved rounds); peak RSS and import time use one fresh process per sample. "
+        "Figures are noisy on a shared 2-core machine: compare ratios within one run.\n\n"
+        f"Run: {environment()}; {seconds:.0f} s in all.\n\n"
+        + markdown_table(results)
+        + ("\nNotes:\n" + "\n".join(notes) + "\n" if notes else "")
+    )
+    RESULTS.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", help="comma-separated keys: " + ",".join(WORKLOADS))
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    keys = args.only.split(",") if args.only else list(WORKLOADS)
+    unknown = [k for k in keys if k not in WORKLOADS]
+    if unknown:
+        sys.exit(f"unknown workloads {unknown}; choose from {list(WORKLOADS)}")
+    start = time.perf_counter()
+    results = []
+    for key in keys:
+        result = run_workload(key)
+        print_result(result, flush=True)
+        results.append(result)
+    seconds = time.perf_counter() - start
+    print(f"\n{seconds:.0f} s in all")
+    if not args.no_write:
+        write_results(results, seconds)
+        print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
