@@ -33,6 +33,12 @@ class Scope:
         self._alive = True
         # One lock per scope tree: creating a kid and reading the parent chain must not race.
         self._lock: threading.RLock = parent._lock if parent is not None else threading.RLock()
+        if parent is not None:
+            # A local scope is always owned by its parent (seed 000's Create(parent)), so
+            # dropping the parent's kids destroys it however it was made.
+            parent._check_alive()
+            with self._lock:
+                parent._kids.append(self)
         _live_scopes.add(self)
 
     def _check_alive(self) -> None:
@@ -56,11 +62,7 @@ class Scope:
 
     def new_scope(self) -> Scope:
         """A local scope whose parent is this one; it lives until this scope drops it."""
-        self._check_alive()
-        kid = Scope(self)
-        with self._lock:
-            self._kids.append(kid)
-        return kid
+        return Scope(self)
 
     def var(self, name: str | None = None) -> Variable:
         """The variable `name` of this scope, created if absent here (parents are not searched).
