@@ -200,13 +200,19 @@ class OpDesc:
         attrs = []
         for k, v in sorted(self.attrs.items()):
             if isinstance(v, Block):
-                v = f"block[{v.idx}]"
-            attrs.append(f"{k}={v!r}")
+                text = f"block[{v.idx}]"
+            elif isinstance(v, list) and v and all(isinstance(b, Block) for b in v):
+                text = "[" + ", ".join(f"block[{b.idx}]" for b in v) + "]"
+            else:
+                text = repr(v)
+            attrs.append(f"{k}={text}")
         attr_text = f" {{{', '.join(attrs)}}}" if attrs else ""
         return f"{{{outs}}} = {self.type}({ins}){attr_text}"
 
 
 def _attr_to_desc(attr: pb.Attr, value: Any, op: OpDesc) -> None:
+    if value is None:
+        return  # an unset optional attr: the empty Attr reads back as None
     if isinstance(value, Block):
         attr.block_idx = value.idx
     elif isinstance(value, bool):
