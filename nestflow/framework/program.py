@@ -16,7 +16,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from nestflow.core.dtype import dtype_name
-from nestflow.errors import NestflowError, OpLocation, ProgramDecodeError
+from nestflow.errors import NestflowError, OpLocation, ProgramDecodeError, UnknownOpError
 from nestflow.framework import framework_pb2 as pb
 from nestflow.framework import unique_name
 
@@ -541,13 +541,16 @@ class Program:
                 for op in block.ops:
                     try:
                         _op_validator(op)
+                    except UnknownOpError:
+                        raise  # already names the op, its block and source line
                     except NestflowError as exc:
                         raise ProgramDecodeError(str(exc)) from None
         return program
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Program:
-        """Parse serialized ProgramDesc bytes; anything malformed raises ProgramDecodeError."""
+        """Parse serialized ProgramDesc bytes; anything malformed raises ProgramDecodeError,
+        an op type no registered operator has raises UnknownOpError."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise ProgramDecodeError(f"expected bytes, got {type(data).__name__}")
         desc = pb.ProgramDesc()
