@@ -230,6 +230,10 @@ def _store(scope: Scope, name: str, value: Any) -> None:
 def _to_numpy(value: Any) -> Any:
     if isinstance(value, Tensor):
         return value.numpy()
+    if isinstance(value, np.ndarray):
+        # A fetch may be a parameter's own array (or a view of one): the caller gets a copy so
+        # writing into it cannot change the scope behind the executor's back.
+        return value.copy()
     return value
 
 
