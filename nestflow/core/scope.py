@@ -116,6 +116,8 @@ class Scope:
     def erase_vars(self, names) -> None:
         """Destroy the named local variables (seed 001's DeleteVariable); absent names are ignored."""
         self._check_alive()
+        if isinstance(names, str):  # one name, not its characters
+            names = [names]
         with self._lock:
             for name in names:
                 variable = self._vars.pop(name, None)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from nestflow.core.dtype import dtype_name
 from nestflow.core.place import CPUPlace, Place
 from nestflow.errors import UninitializedError
 
@@ -38,7 +39,8 @@ class Tensor:
     def mutable_data(self, shape: Sequence[int], dtype="float32"):
         """The writable buffer of this shape and dtype, allocating it only if it changed."""
         shape = tuple(int(d) for d in shape)
-        dtype = np.dtype(dtype)
+        # nestflow's spelling, so "float" means float32 here as it does in a VarDesc.
+        dtype = np.dtype(dtype_name(dtype))
         arr = self._array
         if arr is None or arr.shape != shape or arr.dtype != dtype:
             arr = self._array = self.place.array_module.empty(shape, dtype=dtype)

@@ -507,19 +507,24 @@ class Program:
             program.blocks.append(block)
         for bdesc, block in zip(desc.blocks, program.blocks):
             for vdesc in bdesc.vars:
-                block.vars[vdesc.name] = VarDesc(
-                    block,
-                    vdesc.name,
-                    vdesc.shape,
-                    vdesc.dtype or "float32",
-                    _VAR_TYPE_NAMES.get(vdesc.type, "raw"),
-                    vdesc.persistable,
-                    vdesc.stop_gradient,
-                    vdesc.is_parameter,
-                    vdesc.trainable,
-                    vdesc.is_sequence,
-                    vdesc.lengths_var,
-                )
+                try:
+                    block.vars[vdesc.name] = VarDesc(
+                        block,
+                        vdesc.name,
+                        vdesc.shape,
+                        vdesc.dtype or "float32",
+                        _VAR_TYPE_NAMES.get(vdesc.type, str(vdesc.type)),
+                        vdesc.persistable,
+                        vdesc.stop_gradient,
+                        vdesc.is_parameter,
+                        vdesc.trainable,
+                        vdesc.is_sequence,
+                        vdesc.lengths_var,
+                    )
+                except NestflowError as exc:
+                    raise ProgramDecodeError(
+                        f"variable '{vdesc.name}' of block {block.idx}: {exc.message}"
+                    ) from None
             for odesc in bdesc.ops:
                 try:
                     attrs = {k: _attr_from_desc(v, program) for k, v in odesc.attrs.items()}

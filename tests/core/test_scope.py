@@ -277,6 +277,14 @@ def test_erase_vars_deletes_local_variables(scope):
     assert scope.var("a") is not a  # a new variable of that name can be made
 
 
+def test_erase_vars_takes_a_single_name_too(scope):
+    """seed 001: DeleteVariable(name) — a bare string is one name, not a list of characters."""
+    scope.var("w")
+    scope.var("wx")
+    scope.erase_vars("wx")
+    assert scope.local_var_names() == ["w"]
+
+
 def test_erase_vars_does_not_touch_parents(scope):
     """seed 001: DeleteVariable acts on the scope's own variables."""
     w = scope.var("w")

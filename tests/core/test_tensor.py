@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import nestflow as nf
-from nestflow.errors import NestflowError, UninitializedError
+from nestflow.errors import DTypeError, NestflowError, UninitializedError
 
 
 def test_tensor_has_no_memory_until_mutable_data():
@@ -164,3 +164,15 @@ def test_cuda_place_allocates_on_the_gpu():
     host = t.numpy()
     assert isinstance(host, np.ndarray) and (host == 2.0).all()
     assert t.mutable_data((2, 3), "float32") is a
+
+
+def test_mutable_data_spells_dtypes_like_the_rest_of_nestflow():
+    """DESIGN: every dtype is spelled as NumPy's canonical name; "float" is float32 in a Tensor
+    as in a VarDesc, and an unknown dtype is a DTypeError."""
+    t = nf.Tensor()
+    a = t.mutable_data((2,), "float")
+    assert a.dtype == np.float32
+    assert t.mutable_data((2,), np.float32) is a
+    assert t.mutable_data((2,), "fp16").dtype == np.float16
+    with pytest.raises(DTypeError, match="'floatz'"):
+        t.mutable_data((2,), "floatz")

@@ -142,6 +142,22 @@ def test_structurally_invalid_program_raises_program_decode_error(model):
         nf.Program.from_desc(desc)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("dtype", "floatz", "'floatz' is not a dtype"), ("type", 17, "unknown type '17'")],
+)
+def test_loaded_variable_of_unknown_dtype_or_type_raises_program_decode_error(
+    model, field, value, message
+):
+    """A VarDesc with a dtype or variable type nestflow does not know is refused on load,
+    naming the variable and its block."""
+    desc = model.main.to_desc()
+    setattr(desc.blocks[0].vars[0], field, value)
+    name = desc.blocks[0].vars[0].name
+    with pytest.raises(ProgramDecodeError, match=f"variable '{name}' of block 0: .*{message}"):
+        nf.Program.from_bytes(desc.SerializeToString())
+
+
 def test_loaded_program_with_bad_shapes_raises_program_decode_error(model):
     """A saved program is re-checked on load: shape inference errors name the op."""
     desc = model.main.to_desc()
