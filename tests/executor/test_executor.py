@@ -151,8 +151,10 @@ def test_temporaries_do_not_leak_into_the_users_scope(mlp):
 
 
 def test_kid_scopes_are_dropped_after_the_run():
-    """seed 002: scopes made while running blocks are "destroy[ed] when minibatch completes";
-    sub-block variables never reach the user's scope."""
+    """seed 002: "When the execution enters a block, PaddlePaddle adds a new scope"; it is not
+    popped when the block ends (the inner variable is still fetchable from it at the end of
+    the run) but "destroy[ed] when minibatch completes"; sub-block variables never reach the
+    user's scope."""
     main = nf.Program()
     with nf.program_guard(main):
         x = nf.data("x", shape=[-1, 3])
