@@ -16,6 +16,7 @@ where ref is "torch" or "numpy" (nestflow/ref <= limit) or "abs" (nestflow <= li
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import sys
 import time
@@ -73,6 +74,46 @@ def interleaved(
                 fn()
             samples[name].append((clock() - start) / n)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _busy_seconds() -> float | None:
+    """CPU seconds all processes of the machine have used since boot (None off Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    ticks = [int(v) for v in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class OtherLoad:
+    """Measures how many cores other processes kept busy while a block ran.
+
+    The machine has 2 cores shared with other work; BLAS threads in particular slow down
+    badly when a core is taken. A workload timed while others used a sizeable share of the
+    CPU gets a note in the results rather than silently wrong figures.
+    """
+
+    def __enter__(self) -> OtherLoad:
+        self.cores: float | None = None
+        self._start = (time.perf_counter(), _busy_seconds(), _own_seconds())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall0, busy0, own0 = self._start
+        busy1 = _busy_seconds()
+        if busy0 is None or busy1 is None:
+            return
+        wall = time.perf_counter() - wall0
+        others = (busy1 - busy0) - (_own_seconds() - own0)
+        self.cores = max(others, 0.0) / wall if wall > 0 else 0.0
 
 
 def unavailable(exc: BaseException) -> str:
