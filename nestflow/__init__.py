@@ -10,11 +10,12 @@ exe = nf.Executor(nf.CPUPlace())
 
 from nestflow import (
     errors,
+    io,
     layers,
     ops,  # noqa: E402  (registers every operator)
 )
 from nestflow.core import CPUPlace, CUDAPlace, Place, Scope, Tensor, Variable
-from nestflow.executor import Executor, global_scope
+from nestflow.executor import Executor, Net, NetBuilder, PlainNet, global_scope, prune
 from nestflow.framework import (
     Block,
     OpDesc,
@@ -40,6 +41,9 @@ __all__ = [
     "CPUPlace",
     "CUDAPlace",
     "Executor",
+    "Net",
+    "NetBuilder",
+    "PlainNet",
     "OpDesc",
     "ParamAttr",
     "Place",
@@ -59,10 +63,12 @@ __all__ = [
     "var",
     "global_scope",
     "initializer",
+    "io",
     "layer",
     "layers",
     "ops",
     "program_guard",
+    "prune",
     "seed",
     "sigmoid",
     "unique_name",

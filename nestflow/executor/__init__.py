@@ -1,5 +1,7 @@
 """Running program descriptions: Executor, plans, and (later) Net/PlainNet, backward, prune."""
 
 from nestflow.executor.executor import Executor, global_scope
+from nestflow.executor.net import Net, NetBuilder, PlainNet
+from nestflow.executor.prune import prune
 
-__all__ = ["Executor", "global_scope"]
+__all__ = ["Executor", "Net", "NetBuilder", "PlainNet", "global_scope", "prune"]

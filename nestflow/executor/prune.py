@@ -1,0 +1,166 @@
+"""Prune: the minimal program computing some targets (seed 002's `Prune(desc, targets)`).
+
+An op is kept when it writes a variable that is needed; its inputs then become needed. The walk
+goes backwards over each block, so in-place writers (an optimizer's ParamOut is the parameter
+itself) pull in everything that computed their inputs. An op owning sub-blocks counts what its
+sub-blocks read from outer blocks as its inputs and what they write to outer blocks as its
+outputs; its sub-blocks are pruned in turn to what they export.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Sequence
+
+from nestflow.errors import NestflowError
+from nestflow.framework.program import Block, OpDesc, Program, VarDesc
+
+
+def prune(program: Program, targets: Sequence[VarDesc | str] | VarDesc | str) -> Program:
+    """A new program holding only the ops (in their original order) and the variables that
+    computing `targets` needs; `program` is not changed.
+
+    Raises NestflowError when a target is not a variable of the program's global block.
+    """
+    names = target_names(targets)
+    small = Program.from_desc(program.to_desc())
+    glob = small.global_block()
+    for name in names:
+        if glob.find_var(name) is None:
+            raise NestflowError(
+                f"prune target '{name}' is not a variable of the program's global block"
+            )
+    exports = _block_exports(small)
+    kept_blocks: set[int] = set()
+    _prune_block(glob, set(names), exports, kept_blocks)
+    for block in small.blocks:
+        if block.idx not in kept_blocks:
+            # Block indices are referenced by attrs, so an unreachable block stays as an empty
+            # placeholder rather than being removed.
+            block.ops.clear()
+            block.vars.clear()
+    _drop_unused_vars(small, kept_blocks, names)
+    small._bump()
+    return small
+
+
+def target_names(targets: Sequence[VarDesc | str] | VarDesc | str) -> list[str]:
+    if isinstance(targets, (VarDesc, str)):
+        targets = [targets]
+    return [t.name if isinstance(t, VarDesc) else str(t) for t in targets]
+
+
+_cache: weakref.WeakKeyDictionary[Program, tuple[int, dict[tuple[str, ...], Program]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def prune_cached(program: Program, targets: Sequence[VarDesc | str] | VarDesc | str) -> Program:
+    """`prune`, remembered per (program, program.version, target names); an edit to the program
+    invalidates its entries. Callers must not edit the returned program."""
+    key = tuple(target_names(targets))
+    version, entries = _cache.get(program, (-1, {}))
+    if version != program.version:
+        entries = {}
+        _cache[program] = (program.version, entries)
+    small = entries.get(key)
+    if small is None:
+        small = entries[key] = prune(program, list(key))
+    return small
+
+
+def _prune_block(
+    block: Block, needed: set[str], exports: dict[int, set[str]], kept_blocks: set[int]
+) -> None:
+    kept_blocks.add(block.idx)
+    keep: list[OpDesc] = []
+    for op in reversed(block.ops):
+        reads, writes = _op_reads_writes(op)
+        if not (writes & needed):
+            continue
+        keep.append(op)
+        # Ops that read what they write (in-place updates) still need the earlier writer.
+        needed -= writes - reads
+        needed |= reads
+        for sub in op.sub_blocks():
+            if sub.idx not in kept_blocks:
+                _prune_block(sub, set(exports[sub.idx]), exports, kept_blocks)
+    keep.reverse()
+    block.ops[:] = keep
+
+
+def _op_reads_writes(op: OpDesc) -> tuple[set[str], set[str]]:
+    """Names `op` reads and writes in its own block, counting its sub-blocks' outer accesses."""
+    reads = {n for n in op.input_names() if n}
+    writes = {n for n in op.output_names() if n}
+    for sub in op.sub_blocks():
+        sub_reads, sub_writes = _outer_accesses(sub)
+        reads |= sub_reads
+        writes |= sub_writes
+    return reads, writes
+
+
+def _outer_accesses(block: Block) -> tuple[set[str], set[str]]:
+    """Names `block` (and blocks nested in it) reads and writes that it does not declare."""
+    reads: set[str] = set()
+    writes: set[str] = set()
+    for op in block.ops:
+        op_reads, op_writes = _op_reads_writes(op)
+        reads |= op_reads
+        writes |= op_writes
+    local = set(block.vars)
+    return reads - local, writes - local
+
+
+def _block_exports(program: Program) -> dict[int, set[str]]:
+    """Per block, the names its pruning must keep computing: what it writes that its owner op
+    names (slots or string attrs), that outer blocks see, or that any other block reads (a
+    gradient block reading a forward block's values from the kept step scopes)."""
+    owner: dict[int, OpDesc] = {}
+    reads_in: dict[int, set[str]] = {}
+    for block in program.blocks:
+        reads_in[block.idx] = {n for op in block.ops for n in op.input_names() if n}
+        for op in block.ops:
+            for sub in op.sub_blocks():
+                owner.setdefault(sub.idx, op)
+    exports: dict[int, set[str]] = {}
+    for block in program.blocks:
+        written = {n for op in block.ops for n in op.output_names() if n}
+        wanted = written - set(block.vars)
+        op = owner.get(block.idx)
+        if op is not None:
+            wanted |= written & _mentioned_names(op)
+        for idx, reads in reads_in.items():
+            if idx != block.idx:
+                wanted |= written & reads
+        exports[block.idx] = wanted
+    return exports
+
+
+def _mentioned_names(op: OpDesc) -> set[str]:
+    names = set(op.input_names()) | set(op.output_names())
+    for value in op.attrs.values():
+        if isinstance(value, str):
+            names.add(value)
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            names.update(value)
+    return names
+
+
+def _drop_unused_vars(program: Program, kept_blocks: Iterable[int], targets: list[str]) -> None:
+    used: set[str] = set(targets)
+    for idx in kept_blocks:
+        for op in program.block(idx).ops:
+            used |= _mentioned_names(op)
+    for idx in kept_blocks:
+        block = program.block(idx)
+        for var in block.vars.values():
+            if var.name in used and var.lengths_var:
+                used.add(var.lengths_var)
+    for idx in kept_blocks:
+        block = program.block(idx)
+        for name in [n for n in block.vars if n not in used]:
+            del block.vars[name]
+
+
+__all__ = ["prune", "prune_cached", "target_names"]
