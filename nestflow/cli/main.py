@@ -1,0 +1,88 @@
+"""`nestflow demo [--model mlp|rnn] [--epochs N] [--out DIR]` and `nestflow show DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+
+from nestflow.errors import NestflowError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nestflow", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser(
+        "demo", help="train a model on scikit-learn's bundled 8x8 digits, save and reload it"
+    )
+    demo.add_argument("--model", choices=("mlp", "rnn"), default="mlp")
+    demo.add_argument("--epochs", type=int, default=None, help="passes over the training set")
+    demo.add_argument("--out", default=None, help="directory for the saved model (default: temp)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--limit", type=int, default=None, help="use only this many digits (a quick run)"
+    )
+    demo.add_argument(
+        "--min-accuracy",
+        type=float,
+        default=0.97,
+        help="exit with status 1 if held-out accuracy is below this (default 0.97)",
+    )
+    demo.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    show = commands.add_parser("show", help="print the program listing of a saved model")
+    show.add_argument("path", help="a directory written by save_inference_model, or a .pb file")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        return _show(args.path)
+    except NestflowError as exc:
+        print(f"nestflow: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    module_name = f"nestflow.cli.demo_{args.model}"
+    if importlib.util.find_spec(module_name) is None:
+        print(
+            f"nestflow: the '{args.model}' demo is not available in this version "
+            f"({module_name} is missing); try --model mlp",
+            file=sys.stderr,
+        )
+        return 2
+    return importlib.import_module(module_name).run(args)
+
+
+def _show(path: str) -> int:
+    from nestflow.core.tensor import Tensor
+    from nestflow.framework.program import Program
+    from nestflow.io import inference
+
+    if os.path.isdir(path):
+        program, feeds, fetches, scope = inference.load_inference_model(path)
+        print(f"model {path}")
+        print(f"  feed:  {', '.join(feeds)}")
+        print(f"  fetch: {', '.join(fetches)}")
+        for name in sorted(scope.local_var_names()):
+            tensor = scope.find_var(name).get(Tensor)
+            print(f"  param {name}: {tensor.dtype}{list(tensor.shape)}")
+    else:
+        try:
+            with open(path, "rb") as file:
+                program = Program.from_bytes(file.read())
+        except OSError as exc:
+            print(f"nestflow: cannot read '{path}': {exc}", file=sys.stderr)
+            return 1
+    print(program)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
