@@ -33,6 +33,8 @@ from nestflow.ops import seed
 layer = layers
 add = layers.elementwise_add
 sigmoid = layers.sigmoid
+ifelse = layers.IfElse
+While = layers.While
 
 __version__ = "0.1.0"
 
@@ -52,12 +54,14 @@ __all__ = [
     "Tensor",
     "VarDesc",
     "Variable",
+    "While",
     "add",
     "data",
     "default_main_program",
     "default_startup_program",
     "errors",
     "get_variable",
+    "ifelse",
     "minibatch",
     "sequence",
     "var",

@@ -1,10 +1,12 @@
 """nf.layers: build programs by appending ops (the catalogue users expect)."""
 
 from nestflow.layers import initializer, variable_ops
+from nestflow.layers.control_flow import *  # noqa: F403
+from nestflow.layers.control_flow import __all__ as _control_flow_all
 from nestflow.layers.initializer import ParamAttr
 from nestflow.layers.nn import *  # noqa: F403
 from nestflow.layers.nn import __all__ as _nn_all
 
 variable_ops.install()
 
-__all__ = ["ParamAttr", "initializer", *_nn_all]
+__all__ = ["ParamAttr", "initializer", *_nn_all, *_control_flow_all]

@@ -1,6 +1,13 @@
 """Operators: one class per op, registered with attrs, shape inference, kernel and gradient."""
 
-from nestflow.ops import activation, constant, math, tensor  # noqa: F401  (registers the ops)
+from nestflow.ops import (  # noqa: F401  (registers the ops)
+    activation,
+    constant,
+    ifelse,
+    math,
+    tensor,
+    while_loop,
+)
 from nestflow.ops.random_state import seed
 from nestflow.ops.registry import (
     GradContext,

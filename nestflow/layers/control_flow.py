@@ -1,0 +1,423 @@
+"""Control flow layers: IfElse (per-row branching), While (loops) and tensor arrays (seed 002).
+
+Each builds its body into a child block of the current block (`program.block_guard()`), so the
+body's variables shadow outer ones and outer variables are read through the parent chain. The
+control-flow op is appended to the enclosing block when the construct is complete.
+
+    ie = nf.layers.IfElse()                 # or nf.ifelse()
+    with ie.true_block():
+        ie.output(nf.layers.scale(x, 2.0))  # x's rows where cond holds
+    with ie.false_block():
+        ie.output(x)
+    (out,) = ie(cond)                       # rows merged back in their original order
+
+    i = nf.layers.fill_constant([1], "int64", 0)
+    cond = nf.layers.less_than(i, n)
+    w = nf.While(cond, max_steps=1000)
+    with w.block():
+        nf.layers.assign(nf.layers.tanh(x * p), output=x)   # loop-carried x
+        nf.layers.increment(i)
+        nf.layers.less_than(i, n, out=cond)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from nestflow.errors import ControlFlowError
+from nestflow.framework import unique_name
+from nestflow.framework.program import Block, VarDesc, default_main_program
+from nestflow.layers.helper import append_op, current_block
+
+
+def _outer_reads(block: Block) -> list[str]:
+    """Names `block` (and blocks nested in it) reads but does not declare, in first-read order."""
+    names: list[str] = []
+    local = block.vars
+    for op in block.ops:
+        nested = [n for sub in op.sub_blocks() for n in _outer_reads(sub)]
+        for name in op.input_names() + nested:
+            if name and name not in local and name not in names:
+                names.append(name)
+    return names
+
+
+def _outer_writes(block: Block) -> list[str]:
+    return [n for op in block.ops for n in op.output_names() if n and n not in block.vars]
+
+
+def _check_cond_var(cond: Any, what: str) -> VarDesc:
+    if not isinstance(cond, VarDesc):
+        raise ControlFlowError(
+            f"{what}: the condition must be a variable, got {type(cond).__name__}"
+        )
+    if cond.dtype != "bool":
+        raise ControlFlowError(
+            f"{what}: the condition '{cond.name}' must be bool, but it is {cond.dtype} "
+            f"(use a comparison such as nf.layers.greater_than, or nf.layers.cast)"
+        )
+    return cond
+
+
+def _merge_tail(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    if len(a) != len(b):
+        return None
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == -1:
+            out.append(x)
+        elif x == -1:
+            out.append(y)
+        else:
+            return None
+    return tuple(out)
+
+
+class IfElse:
+    """Per-row two-way branch over a minibatch (seed 002's `pd.ifelse()`).
+
+    Rows of the bool condition (shape [N, 1] or [N]) that hold go through `true_block()`, the
+    others through `false_block()`. Outer variables whose first dim is -1 (batch variables) are
+    split by the condition when a branch reads them (`input(v)` splits any variable
+    explicitly); other variables (parameters, [1] values) pass whole. Both branches call
+    `output(...)` with the same number of per-row outputs of matching dtypes and row shapes;
+    `ie(cond)` returns the merged outputs, as a list, in the original row order.
+    Errors: ControlFlowError for a condition that is not bool [N, 1]/[N], mismatched outputs,
+    a branch writing an outer variable, or misuse of the blocks.
+    """
+
+    def __init__(self, cond: VarDesc | None = None, name: str | None = None):
+        self._program = default_main_program()
+        self._parent = current_block()
+        self._cond = None if cond is None else self._check_cond(cond)
+        self._name = name or unique_name.generate("ifelse")
+        self._blocks: dict[bool, Block | None] = {True: None, False: None}
+        self._outputs: dict[bool, list[VarDesc] | None] = {True: None, False: None}
+        self._inputs: dict[bool, list[str]] = {True: [], False: []}
+        self._active: bool | None = None
+        self._done = False
+
+    def _check_cond(self, cond: Any) -> VarDesc:
+        cond = _check_cond_var(cond, f"IfElse '{getattr(self, '_name', 'ifelse')}'")
+        shape = cond.shape
+        if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
+            raise ControlFlowError(
+                f"IfElse: the condition '{cond.name}' has shape {list(shape)}; it must be "
+                f"[N, 1] or [N] (one bool per row)"
+            )
+        return cond
+
+    @contextlib.contextmanager
+    def _branch(self, which: bool) -> Iterator[Block]:
+        label = "true_block" if which else "false_block"
+        if self._done:
+            raise ControlFlowError(f"IfElse '{self._name}': {label}() after ie() was called")
+        if self._active is not None:
+            raise ControlFlowError(f"IfElse '{self._name}': {label}() inside another branch")
+        if self._blocks[which] is not None:
+            raise ControlFlowError(f"IfElse '{self._name}': {label}() was already built")
+        if current_block() is not self._parent:
+            raise ControlFlowError(
+                f"IfElse '{self._name}': {label}() must be used in the block the IfElse was "
+                f"made in (block {self._parent.idx}), not block {current_block().idx}"
+            )
+        with self._program.block_guard(self._parent.idx) as block:
+            self._blocks[which] = block
+            self._active = which
+            try:
+                yield block
+            finally:
+                self._active = None
+
+    def true_block(self) -> contextlib.AbstractContextManager[Block]:
+        """`with ie.true_block():` builds the branch for the rows where the condition holds."""
+        return self._branch(True)
+
+    def false_block(self) -> contextlib.AbstractContextManager[Block]:
+        """`with ie.false_block():` builds the branch for the other rows."""
+        return self._branch(False)
+
+    def _require_branch(self, what: str) -> bool:
+        if self._active is None:
+            raise ControlFlowError(
+                f"IfElse '{self._name}': {what}() must be called inside true_block() or "
+                f"false_block()"
+            )
+        return self._active
+
+    def input(self, x: VarDesc) -> VarDesc:
+        """The branch's rows of outer variable `x` (split by the condition whatever its shape)."""
+        which = self._require_branch("input")
+        if x.name not in self._inputs[which]:
+            self._inputs[which].append(x.name)
+        return x
+
+    def output(self, *outs: VarDesc) -> None:
+        """This branch's per-row outputs (call once per branch)."""
+        which = self._require_branch("output")
+        if self._outputs[which] is not None:
+            raise ControlFlowError(f"IfElse '{self._name}': output() called twice in a branch")
+        for out in outs:
+            if not isinstance(out, VarDesc):
+                raise ControlFlowError(
+                    f"IfElse '{self._name}': output() takes variables, got {type(out).__name__}"
+                )
+        self._outputs[which] = list(outs)
+
+    def __call__(self, cond: VarDesc | None = None) -> list[VarDesc]:
+        """Append the ifelse op; returns the merged outputs (a list, one per output())."""
+        if self._done:
+            raise ControlFlowError(f"IfElse '{self._name}' was already called")
+        if self._active is not None:
+            raise ControlFlowError(f"IfElse '{self._name}': call it after both branches")
+        if cond is not None:
+            self._cond = self._check_cond(cond)
+        if self._cond is None:
+            raise ControlFlowError(f"IfElse '{self._name}': no condition (pass it to ie(cond))")
+        true_outs = self._outputs[True] or []
+        false_outs = self._outputs[False] or []
+        for which, label in ((True, "true_block"), (False, "false_block")):
+            if self._blocks[which] is None:
+                if true_outs or false_outs:
+                    raise ControlFlowError(
+                        f"IfElse '{self._name}': {label}() was never built, but the other "
+                        f"branch has outputs; both branches must output the same variables"
+                    )
+                with self._program.block_guard(self._parent.idx) as block:
+                    self._blocks[which] = block
+        if len(true_outs) != len(false_outs):
+            raise ControlFlowError(
+                f"IfElse '{self._name}': the true branch outputs {len(true_outs)} variable(s) "
+                f"({[v.name for v in true_outs]}) but the false branch {len(false_outs)} "
+                f"({[v.name for v in false_outs]})"
+            )
+        merged_shapes = []
+        for i, (t, f) in enumerate(zip(true_outs, false_outs)):
+            if t.dtype != f.dtype:
+                raise ControlFlowError(
+                    f"IfElse '{self._name}': output {i} is {t.dtype} ('{t.name}') in the true "
+                    f"branch but {f.dtype} ('{f.name}') in the false branch"
+                )
+            tail = _merge_tail(t.shape[1:], f.shape[1:]) if t.shape and f.shape else None
+            if tail is None:
+                raise ControlFlowError(
+                    f"IfElse '{self._name}': output {i} rows differ in shape: '{t.name}' "
+                    f"{list(t.shape)} vs '{f.name}' {list(f.shape)} (dims after the first "
+                    f"must match)"
+                )
+            merged_shapes.append((-1, *tail))
+        split: list[str] = []
+        whole: list[str] = []
+        for which in (True, False):
+            block = self._blocks[which]
+            writes = _outer_writes(block)
+            if writes:
+                raise ControlFlowError(
+                    f"IfElse '{self._name}': a branch writes outer variable(s) {writes}; make "
+                    f"a new variable in the branch and pass it to ie.output() instead"
+                )
+            outs = [v.name for v in (true_outs if which else false_outs)]
+            for name in _outer_reads(block) + [n for n in outs if n not in block.vars]:
+                if name in split or name in whole:
+                    continue
+                var = self._parent.find_var(name)
+                batch = (
+                    var is not None
+                    and var.type == "lod_tensor"
+                    and not var.persistable
+                    and len(var.shape) >= 1
+                    and var.shape[0] == -1
+                )
+                if batch or name in self._inputs[True] or name in self._inputs[False]:
+                    split.append(name)
+                else:
+                    whole.append(name)
+        for name in self._inputs[True] + self._inputs[False]:
+            if name not in split:
+                split.append(name)
+        outs = [
+            self._parent.create_var(unique_name.generate(f"{self._name}.out"), shape, t.dtype)
+            for shape, t in zip(merged_shapes, true_outs)
+        ]
+        scopes = self._parent.create_var(
+            unique_name.generate(f"{self._name}.scopes"), type="step_scopes", stop_gradient=True
+        )
+        self._parent.append_op(
+            "ifelse",
+            inputs={"Cond": [self._cond], "X": split, "Params": whole},
+            outputs={"Out": outs, "Scopes": [scopes]},
+            attrs={
+                "true_block": self._blocks[True],
+                "false_block": self._blocks[False],
+                "true_outs": [v.name for v in true_outs],
+                "false_outs": [v.name for v in false_outs],
+            },
+        )
+        self._done = True
+        return outs
+
+
+def ifelse(cond: VarDesc | None = None, name: str | None = None) -> IfElse:
+    """The seed's `pd.ifelse()`: an IfElse (condition given now or to the call)."""
+    return IfElse(cond, name)
+
+
+def _rename_reads(block: Block, renamed: dict[str, str]) -> None:
+    """In a block nested in a loop body, reads of outer names follow the body's SSA renames."""
+    local = {k: v for k, v in renamed.items() if k not in block.vars}
+    if not local:
+        return
+    for op in block.ops:
+        for slot, names in op.inputs.items():
+            op.inputs[slot] = [local.get(n, n) for n in names]
+        for sub in op.sub_blocks():
+            _rename_reads(sub, local)
+
+
+def _to_ssa(body: Block) -> list[tuple[str, str]]:
+    """Rewrite `body` so each write of an outer variable goes to a fresh inner variable and
+    later reads use it (CONTROL_FLOW.md's SSA rule). Returns (outer, last inner) pairs."""
+    renamed: dict[str, str] = {}
+    for op in body.ops:
+        for slot, names in op.inputs.items():
+            op.inputs[slot] = [renamed.get(n, n) for n in names]
+        for sub in op.sub_blocks():
+            _rename_reads(sub, renamed)
+        for slot, names in op.outputs.items():
+            new = []
+            for name in names:
+                if name and name not in body.vars:
+                    outer = body.find_var(name)
+                    inner = unique_name.generate(f"{name}@LOOP")
+                    differentiable = np.dtype(outer.dtype).kind in "fc"
+                    body.create_var(
+                        inner,
+                        outer.shape,
+                        outer.dtype,
+                        type=outer.type,
+                        stop_gradient=not differentiable or outer.type != "lod_tensor",
+                    )
+                    renamed[name] = name = inner
+                new.append(name)
+            op.outputs[slot] = new
+    body.program._bump()
+    return list(renamed.items())
+
+
+class While:
+    """`with w.block():` builds a loop body run while the bool [1] `cond` holds (seed 002).
+
+    The body updates loop variables in place (`increment(i)`, `less_than(i, n, out=cond)`,
+    `assign(new, output=x)`); it must write `cond` unless `max_steps` is given. After the loop
+    the outer variables hold their final values. `max_steps` (None: no limit) makes a loop that
+    runs longer raise MaxStepsExceededError. Gradients flow through loop-carried float
+    variables and to outer variables the body reads (parameters get summed gradients).
+    """
+
+    def __init__(self, cond: VarDesc, max_steps: int | None = None, name: str | None = None):
+        self._program = default_main_program()
+        self._parent = current_block()
+        self._name = name or unique_name.generate("while")
+        cond = _check_cond_var(cond, f"While '{self._name}'")
+        if any(d != 1 for d in cond.shape):
+            raise ControlFlowError(
+                f"While '{self._name}': the condition '{cond.name}' has shape "
+                f"{list(cond.shape)}; it must hold one bool (shape [1])"
+            )
+        if max_steps is not None and max_steps < 0:
+            raise ControlFlowError(f"While '{self._name}': max_steps must be >= 0")
+        self._cond = cond
+        self._max_steps = -1 if max_steps is None else int(max_steps)
+        self._built = False
+
+    @contextlib.contextmanager
+    def block(self) -> Iterator[Block]:
+        """Build the loop body; the while op is appended when the `with` exits."""
+        if self._built:
+            raise ControlFlowError(f"While '{self._name}': block() was already built")
+        if current_block() is not self._parent:
+            raise ControlFlowError(
+                f"While '{self._name}': block() must be used in the block the While was made "
+                f"in (block {self._parent.idx}), not block {current_block().idx}"
+            )
+        self._built = True
+        with self._program.block_guard(self._parent.idx) as body:
+            yield body
+        self._finish(body)
+
+    def _finish(self, body: Block) -> None:
+        carried = _to_ssa(body)
+        outer = [name for name, _ in carried]
+        if self._cond.name not in outer and self._max_steps < 0:
+            raise ControlFlowError(
+                f"While '{self._name}': the body never writes the condition "
+                f"'{self._cond.name}', so the loop could never stop; update it (e.g. "
+                f"nf.layers.less_than(i, n, out=cond)) or pass max_steps"
+            )
+        reads = _outer_reads(body)
+        inputs = reads + [n for n in outer if n not in reads]
+        scopes = self._parent.create_var(
+            unique_name.generate(f"{self._name}.scopes"), type="step_scopes", stop_gradient=True
+        )
+        self._parent.append_op(
+            "while",
+            inputs={"X": inputs, "Condition": [self._cond]},
+            outputs={"Out": outer, "StepScopes": [scopes]},
+            attrs={
+                "sub_block": body,
+                "carried": outer,
+                "carried_inner": [inner for _, inner in carried],
+                "max_steps": self._max_steps,
+            },
+        )
+
+
+def create_array(dtype: Any = "float32", name: str | None = None) -> VarDesc:
+    """An empty tensor array (a list of tensors indexed by an int64 [1] variable).
+
+    Tensor arrays carry values, not gradients: array_read/array_to_tensor outputs are
+    stop_gradient."""
+    block = current_block()
+    array = block.create_var(
+        name or unique_name.generate("array"), dtype=dtype, type="tensor_array", stop_gradient=True
+    )
+    block.append_op("create_array", outputs={"Out": [array]}, attrs={"dtype": array.dtype})
+    return array
+
+
+def array_write(x: VarDesc, i: VarDesc, array: VarDesc | None = None) -> VarDesc:
+    """Set element `i` of `array` to `x` (in place; a new array if none); returns the array."""
+    if array is None:
+        array = create_array(x.dtype)
+    return append_op("array_write", {"X": x, "I": i, "Array": array}, out=array)
+
+
+def array_read(array: VarDesc, i: VarDesc) -> VarDesc:
+    """Element `i` of `array` (ControlFlowError at run time if it was never written)."""
+    return append_op("array_read", {"Array": array, "I": i}, stop_gradient=True)
+
+
+def array_length(array: VarDesc) -> VarDesc:
+    """The number of elements of `array` (int64 [1])."""
+    return append_op("array_length", {"Array": array}, stop_gradient=True)
+
+
+def array_to_tensor(array: VarDesc, axis: int = 0) -> VarDesc:
+    """The array's elements (all one shape) stacked along a new dim `axis`."""
+    return append_op("array_to_tensor", {"Array": array}, {"axis": axis}, stop_gradient=True)
+
+
+__all__ = [
+    "IfElse",
+    "While",
+    "array_length",
+    "array_read",
+    "array_to_tensor",
+    "array_write",
+    "create_array",
+    "ifelse",
+]

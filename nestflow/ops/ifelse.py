@@ -1,0 +1,246 @@
+"""ifelse: per-row two-way branching over a minibatch (seed 002's IfElseOp), and its gradient.
+
+Rows where the [N, 1] (or [N]) bool condition holds run the true block, the others the false
+block; each block runs in its own kid scope of the scope the op runs in, with the batch inputs
+("X") split by the condition and bound under their outer names, while whole inputs ("Params":
+parameters, non-batch variables) are read through the frame chain. Branch outputs are merged
+back in the original row order. The kid scopes are kept (output "Scopes") so `ifelse_grad` can
+run each branch's gradient block where the branch ran.
+
+A branch that receives no rows is skipped (forward and backward) unless the whole batch is
+empty, in which case both branches run on zero rows so the outputs get their real shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nestflow.errors import ControlFlowError
+from nestflow.framework.program import GRAD_SUFFIX, Block, OpDesc
+from nestflow.ops.registry import GradContext, GradOpSpec, register_op
+
+
+def row_mask(cond: Any, op_name: str = "ifelse") -> np.ndarray:
+    """The condition as a 1-D bool row mask; ControlFlowError unless it is bool [N, 1] or [N]."""
+    if not isinstance(cond, np.ndarray) or cond.dtype != np.bool_:
+        kind = getattr(cond, "dtype", type(cond).__name__)
+        raise ControlFlowError(f"{op_name}: the condition must be a bool array, got {kind}")
+    if cond.ndim == 1 or (cond.ndim == 2 and cond.shape[1] == 1):
+        return cond.reshape(-1)
+    raise ControlFlowError(
+        f"{op_name}: the condition must have shape [N, 1] or [N], got {list(cond.shape)}"
+    )
+
+
+def scope_array(scope, name: str) -> Any:
+    """The value a kept step scope holds for `name` (a Tensor's array, or the raw value)."""
+    var = scope.find_local_var(name)
+    if var is None or var._value is None:
+        return None
+    held = var._value
+    return getattr(held, "_array", held) if type(held).__name__ == "Tensor" else held
+
+
+def store_step(frame, scope, bound: dict[str, Any]) -> None:
+    """Keep the block's own variables and the values bound for this step in `scope`."""
+    declared = [n for n in frame.plan.names if n in frame.plan.block.vars]
+    frame.store_in_scope(scope, names=declared + [n for n in bound if n not in declared])
+
+
+def _branch_value(frame, bound: dict[str, Any], name: str) -> Any:
+    if name in bound:
+        return bound[name]
+    return frame.lookup(name)
+
+
+@register_op
+class ifelse:
+    """Out[i] = rows of the true block's outputs where Cond holds, else the false block's.
+
+    Attrs: the two blocks, and the names each block outputs (same count, same dtypes).
+    """
+
+    inputs = ("Cond", "X*", "Params*")
+    outputs = ("Out*", "Scopes")
+    attrs = {"true_block": None, "false_block": None, "true_outs": [], "false_outs": []}
+    no_grad_inputs = ("Cond",)
+
+    def run(ctx):
+        op = ctx.op
+        mask = row_mask(ctx.input("Cond"))
+        n = mask.shape[0]
+        names = op.input("X")
+        batch = ctx.inputs("X")
+        for name, value in zip(names, batch):
+            if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != n:
+                shape = list(getattr(value, "shape", []))
+                raise ControlFlowError(
+                    f"batch input '{name}' has shape {shape} but the condition has {n} rows; "
+                    f"a variable whose first dim is -1 is split by row in a branch (use a "
+                    f"variable with a known first dim to pass it whole)"
+                )
+        attrs = ctx.attrs
+        branches = (
+            (attrs["true_block"], attrs["true_outs"], mask),
+            (attrs["false_block"], attrs["false_outs"], ~mask),
+        )
+        counts = [int(mask.sum()), n - int(mask.sum())]
+        scopes: list[Any] = []
+        results: list[list[np.ndarray] | None] = []
+        for (block, outs, rows), count in zip(branches, counts):
+            if count == 0 and n > 0:
+                scopes.append(None)
+                results.append(None)
+                continue
+            scope = ctx.scope.new_scope()
+            bound = {name: value[rows] for name, value in zip(names, batch)}
+            frame = ctx.run_block(block, scope, bound)
+            store_step(frame, scope, bound)
+            values = []
+            for name in outs:
+                value = _branch_value(frame, bound, name)
+                if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != count:
+                    shape = list(getattr(value, "shape", []))
+                    raise ControlFlowError(
+                        f"branch output '{name}' has shape {shape}, but the branch got "
+                        f"{count} rows: each output needs one row per row of the branch"
+                    )
+                values.append(value)
+            scopes.append(scope)
+            results.append(values)
+        merged = []
+        for i in range(len(attrs["true_outs"])):
+            parts = [(r[i], rows) for r, (_, _, rows) in zip(results, branches) if r is not None]
+            tail = parts[0][0].shape[1:]
+            for part, _ in parts[1:]:
+                if part.shape[1:] != tail:
+                    raise ControlFlowError(
+                        f"output {i}: the branches give rows of shape {list(tail)} and "
+                        f"{list(part.shape[1:])}"
+                    )
+            out = np.empty((n, *tail), dtype=parts[0][0].dtype)
+            for part, rows in parts:
+                out[rows] = part
+            merged.append(out)
+        ctx.set_outputs("Out", merged)
+        ctx.set_output("Scopes", scopes)
+
+    def grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
+        outs = op.output("Out")
+        out_grads = [ctx.grad_of(n) for n in outs]
+        if all(g is None for g in out_grads):
+            return []
+        x_grads = [ctx.grad_of(n) for n in op.input("X")]
+        p_grads = [ctx.grad_of(n) for n in op.input("Params")]
+        wanted = [n for n, g in zip(op.input("X") + op.input("Params"), x_grads + p_grads) if g]
+        if not wanted:
+            return []
+        attrs: dict[str, Any] = {}
+        for side in ("true", "false"):
+            block: Block = op.attrs[f"{side}_block"]
+            branch_outs = op.attrs[f"{side}_outs"]
+            seeds = {}
+            for name, g in zip(branch_outs, out_grads):
+                if g is not None:
+                    seeds[name] = name + GRAD_SUFFIX
+            grad_block, got = ctx.backward_block(block, seeds, wanted)
+            attrs[f"{side}_grad_block"] = grad_block
+            attrs[f"{side}_seeds"] = [
+                seeds.get(name, "") if g is not None else ""
+                for name, g in zip(branch_outs, out_grads)
+            ]
+            attrs[f"{side}_x_grads"] = [
+                got.get(n, "") if g else "" for n, g in zip(op.input("X"), x_grads)
+            ]
+            attrs[f"{side}_param_grads"] = [
+                got.get(n, "") if g else "" for n, g in zip(op.input("Params"), p_grads)
+            ]
+        inputs = {
+            "Cond": op.input("Cond"),
+            "X": op.input("X"),
+            "Params": op.input("Params"),
+            "Out": outs,
+            "Out" + GRAD_SUFFIX: [g or "" for g in out_grads],
+            "Scopes": op.output("Scopes"),
+        }
+        outputs = {
+            "X" + GRAD_SUFFIX: [g or "" for g in x_grads],
+            "Params" + GRAD_SUFFIX: [g or "" for g in p_grads],
+        }
+        return [GradOpSpec("ifelse_grad", inputs, outputs, attrs)]
+
+
+@register_op
+class ifelse_grad:
+    """Runs each branch's gradient block in the branch's kept scope, with the output gradients'
+    rows of that branch bound as seeds; scatters batch-input gradients back to their rows and
+    sums whole-input (parameter) gradients over the branches."""
+
+    inputs = ("Cond", "X*", "Params*", "Out*", "Out@GRAD*", "Scopes")
+    outputs = ("X@GRAD*", "Params@GRAD*")
+    attrs = {
+        "true_grad_block": None,
+        "false_grad_block": None,
+        "true_seeds": [],
+        "false_seeds": [],
+        "true_x_grads": [],
+        "false_x_grads": [],
+        "true_param_grads": [],
+        "false_param_grads": [],
+    }
+
+    def run(ctx):
+        attrs = ctx.attrs
+        mask = row_mask(ctx.input("Cond"))
+        batch = ctx.inputs("X")
+        params = ctx.inputs("Params")
+        outs = ctx.inputs("Out")
+        out_grads = ctx.inputs("Out" + GRAD_SUFFIX)
+        scopes = ctx.input("Scopes")
+        x_grads: list[Any] = [None] * len(batch)
+        p_grads: list[Any] = [None] * len(params)
+        for side, rows, scope in zip(("true", "false"), (mask, ~mask), scopes):
+            grad_block = attrs[f"{side}_grad_block"]
+            if scope is None or grad_block is None:
+                continue
+            values: dict[str, Any] = {}
+            for seed, out, grad in zip(attrs[f"{side}_seeds"], outs, out_grads):
+                if not seed:
+                    continue
+                part = grad[rows] if grad is not None else np.zeros_like(out[rows])
+                values[seed] = values[seed] + part if seed in values else part
+            frame = ctx.run_block(grad_block, scope, values)
+            for i, name in enumerate(attrs[f"{side}_x_grads"]):
+                grad = _grad_value(frame, values, name)
+                if grad is None:
+                    continue
+                if x_grads[i] is None:
+                    x_grads[i] = np.zeros(batch[i].shape, dtype=grad.dtype)
+                x_grads[i][rows] += grad
+            for i, name in enumerate(attrs[f"{side}_param_grads"]):
+                grad = _grad_value(frame, values, name)
+                if grad is not None:
+                    p_grads[i] = grad if p_grads[i] is None else p_grads[i] + grad
+        _set_grads(ctx, "X" + GRAD_SUFFIX, x_grads, batch)
+        _set_grads(ctx, "Params" + GRAD_SUFFIX, p_grads, params)
+
+
+def _grad_value(frame, values: dict[str, Any], name: str) -> Any:
+    if not name:
+        return None
+    value = frame.value(name)
+    return values.get(name) if value is None else value
+
+
+def _set_grads(ctx, slot: str, grads: list[Any], forward: list[Any]) -> None:
+    """Write gradients to the slot's named outputs; an input no branch reached gets zeros."""
+    env = ctx.frame.env
+    for index, grad, value in zip(ctx.out_slots.get(slot, []), grads, forward):
+        if index < 0:
+            continue
+        if grad is None:
+            value = np.asarray(value)
+            grad = np.zeros(value.shape, value.dtype if value.dtype.kind in "fc" else "float64")
+        env[index] = grad

@@ -1,0 +1,279 @@
+"""while: run a sub-block until a bool [1] condition is false (seed 002's WhileOp), its gradient,
+and tensor arrays (lists of per-iteration values).
+
+The body is in SSA form (the layer rewrites it when `with w.block():` exits): each write of an
+outer variable goes to a fresh inner name, listed in attr `carried_inner` beside the outer name
+in `carried`. Each iteration runs in a fresh kid scope with the current values of the carried
+variables bound under their outer names; afterwards the inner values become the current ones.
+Each step scope therefore keeps the step's input and output values, which is what `while_grad`
+needs to run the body's gradient block backwards over the steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nestflow.errors import ControlFlowError, MaxStepsExceededError
+from nestflow.framework.program import GRAD_SUFFIX, OpDesc
+from nestflow.ops.ifelse import scope_array, store_step
+from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
+
+
+def _truth(value: Any, name: str) -> bool:
+    if not isinstance(value, np.ndarray) or value.dtype != np.bool_ or value.size != 1:
+        shape = list(getattr(value, "shape", []))
+        kind = getattr(value, "dtype", type(value).__name__)
+        raise ControlFlowError(
+            f"while: the condition '{name}' must be one bool value, got {kind}{shape}"
+        )
+    return bool(value.reshape(-1)[0])
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind in "fc"
+
+
+@register_op
+class while_:
+    """Runs `sub_block` while Condition holds; Out are the carried variables' final values.
+
+    Attrs: `carried` (outer names the body writes), `carried_inner` (the inner names holding
+    each one's new value), `max_steps` (-1: no limit; else MaxStepsExceededError past it).
+    """
+
+    type = "while"
+    inputs = ("X*", "Condition")
+    outputs = ("Out*", "StepScopes")
+    attrs = {"sub_block": None, "carried": [], "carried_inner": [], "max_steps": -1}
+    no_grad_inputs = ("Condition",)
+
+    def run(ctx):
+        attrs = ctx.attrs
+        body, carried, inner = attrs["sub_block"], attrs["carried"], attrs["carried_inner"]
+        max_steps = attrs["max_steps"]
+        cond_name = ctx.op.input("Condition")[0]
+        given = dict(zip(ctx.op.input("X"), ctx.inputs("X")))
+        current = {name: given[name] if name in given else ctx.lookup(name) for name in carried}
+        cond = ctx.input("Condition")
+        scopes = []
+        while _truth(cond, cond_name):
+            if 0 <= max_steps <= len(scopes):
+                raise MaxStepsExceededError(
+                    f"while: the condition '{cond_name}' still holds after max_steps="
+                    f"{max_steps} iterations"
+                )
+            scope = ctx.scope.new_scope()
+            bound = dict(current)
+            frame = ctx.run_block(body, scope, bound)
+            store_step(frame, scope, bound)
+            for outer, name in zip(carried, inner):
+                current[outer] = frame.value(name)
+            scopes.append(scope)
+            if cond_name in current:
+                cond = current[cond_name]
+        ctx.set_outputs("Out", [current[name] for name in carried])
+        ctx.set_output("StepScopes", scopes)
+
+    def grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
+        attrs = op.attrs
+        carried, inner = attrs["carried"], attrs["carried_inner"]
+        body = attrs["sub_block"]
+        out_grads = [ctx.grad_of(n) for n in op.output("Out")]
+        if all(g is None for g in out_grads):
+            return []
+        x_names = op.input("X")
+        x_grads = [ctx.grad_of(n) for n in x_names]
+        # Every float carried variable takes part in the chain through the steps, even one whose
+        # initial value needs no gradient: a parameter's gradient may flow through it.
+        chain = [
+            (outer, name)
+            for outer, name in zip(carried, inner)
+            if (desc := body.find_var(name)) is not None
+            and desc.type == "lod_tensor"
+            and np.dtype(desc.dtype).kind in "fc"
+        ]
+        chained = {outer for outer, _ in chain}
+        wanted = [n for n in x_names if n in chained] + [
+            n for n, g in zip(x_names, x_grads) if g and n not in chained
+        ]
+        if not wanted:
+            return []
+        seeds = {name: name + GRAD_SUFFIX for _, name in chain}
+        grad_block, got = ctx.backward_block(body, seeds, wanted)
+        seed_of = dict(chain)
+        grad_attrs = {
+            "grad_block": grad_block,
+            "carried": carried,
+            "carried_inner": inner,
+            "seeds": [seeds[seed_of[o]] if o in seed_of else "" for o in carried],
+            "x_grads": [got.get(n, "") for n in x_names],
+        }
+        inputs = {
+            "X": x_names,
+            "Out": op.output("Out"),
+            "Out" + GRAD_SUFFIX: [g or "" for g in out_grads],
+            "StepScopes": op.output("StepScopes"),
+        }
+        outputs = {"X" + GRAD_SUFFIX: [g or "" for g in x_grads]}
+        return [GradOpSpec("while_grad", inputs, outputs, grad_attrs)]
+
+
+@register_op
+class while_grad:
+    """Runs the body's gradient block in the kept step scopes, last step first: the gradient of
+    each carried variable's new value is the seed, the gradient of its old value (under the
+    outer name) flows to the step before; other outer inputs' gradients are summed."""
+
+    inputs = ("X*", "Out*", "Out@GRAD*", "StepScopes")
+    outputs = ("X@GRAD*",)
+    attrs = {"grad_block": None, "carried": [], "carried_inner": [], "seeds": [], "x_grads": []}
+
+    def run(ctx):
+        attrs = ctx.attrs
+        carried, inner, seeds = attrs["carried"], attrs["carried_inner"], attrs["seeds"]
+        x_names = ctx.op.input("X")
+        x_values = ctx.inputs("X")
+        upstream = dict(zip(carried, ctx.inputs("Out" + GRAD_SUFFIX)))
+        flowing = {o: upstream.get(o) for o, s in zip(carried, seeds) if s}
+        summed: dict[str, Any] = {}
+        grad_block = attrs["grad_block"]
+        for scope in reversed(ctx.input("StepScopes") or []):
+            values = {}
+            for outer, name, seed in zip(carried, inner, seeds):
+                if not seed:
+                    continue
+                grad = flowing[outer]
+                if grad is None:
+                    grad = np.zeros_like(scope_array(scope, name))
+                values[seed] = grad
+            frame = ctx.run_block(grad_block, scope, values)
+            for name, grad_name in zip(x_names, attrs["x_grads"]):
+                grad = None
+                if grad_name:
+                    grad = frame.value(grad_name)
+                    grad = values.get(grad_name) if grad is None else grad
+                if name in flowing:
+                    flowing[name] = grad  # None: the old value did not reach the new one
+                elif grad is not None:
+                    summed[name] = grad if name not in summed else summed[name] + grad
+        env = ctx.frame.env
+        for index, name, value in zip(ctx.out_slots.get("X" + GRAD_SUFFIX, []), x_names, x_values):
+            if index < 0:
+                continue
+            grad = flowing.get(name) if name in flowing else summed.get(name)
+            if grad is None and _is_float(value):
+                grad = np.zeros_like(value)
+            env[index] = grad
+
+
+# ---- tensor arrays: a tensor_array variable holds a Python list of arrays ----
+
+
+def _index(value: Any, what: str) -> int:
+    array = np.asarray(value)
+    if array.size != 1 or array.dtype.kind not in "iu":
+        raise ControlFlowError(
+            f"{what}: the index must be one integer, got {array.dtype}{list(array.shape)}"
+        )
+    return int(array.reshape(-1)[0])
+
+
+@register_op
+class create_array:
+    """Out = an empty tensor array."""
+
+    inputs, outputs = (), ("Out",)
+    attrs = {"dtype": "float32"}
+
+    def run(ctx):
+        ctx.set_output("Out", [])
+
+
+def _infer_array_write(op: OpDesc) -> None:
+    block = op.block
+    x = block.find_var(op.input("X")[0])
+    out = block.find_var(op.output("Out")[0])
+    if x is not None and out is not None:
+        out.shape, out.dtype = x.shape, x.dtype
+
+
+@register_op
+class array_write:
+    """Out = Array with element I set to X (the array grows as needed; Array is not changed)."""
+
+    inputs, outputs = ("X", "I", "Array?"), ("Out",)
+    infer_op = _infer_array_write
+
+    def run(ctx):
+        items = list(ctx.input("Array") or [])
+        index = _index(ctx.input("I"), "array_write")
+        if index < 0:
+            raise ControlFlowError(f"array_write: index {index} is negative")
+        items.extend([None] * (index + 1 - len(items)))
+        items[index] = ctx.input("X")
+        ctx.set_output("Out", items)
+
+
+def _array_item(items: list, index: int, what: str) -> np.ndarray:
+    if not 0 <= index < len(items) or items[index] is None:
+        raise ControlFlowError(
+            f"{what}: element {index} of the array was never written (length {len(items)})"
+        )
+    return items[index]
+
+
+@register_op
+class array_read:
+    """Out = element I of Array."""
+
+    inputs, outputs = ("Array", "I"), ("Out",)
+
+    def infer(Array, I):  # noqa: E741  (Paddle's slot name)
+        return VarInfo(Array.shape, Array.dtype)
+
+    def run(ctx):
+        items = ctx.input("Array") or []
+        ctx.set_output(
+            "Out", _array_item(items, _index(ctx.input("I"), "array_read"), "array_read")
+        )
+
+
+@register_op
+class array_length:
+    """Out = the number of elements of Array (int64 [1])."""
+
+    inputs, outputs = ("Array",), ("Out",)
+
+    def infer(Array):
+        return VarInfo((1,), "int64")
+
+    def run(ctx):
+        ctx.set_output("Out", np.asarray([len(ctx.input("Array") or [])], dtype=np.int64))
+
+
+@register_op
+class array_to_tensor:
+    """Out = the array's elements stacked along a new dim `axis` (all must have one shape)."""
+
+    inputs, outputs = ("Array",), ("Out",)
+    attrs = {"axis": 0}
+
+    def infer(Array, axis):
+        shape = list(Array.shape)
+        shape.insert(axis if axis >= 0 else len(shape) + 1 + axis, -1)
+        return VarInfo(tuple(shape), Array.dtype)
+
+    def run(ctx):
+        items = ctx.input("Array") or []
+        for index in range(len(items)):
+            _array_item(items, index, "array_to_tensor")
+        shapes = {item.shape for item in items}
+        if len(shapes) > 1:
+            raise ControlFlowError(
+                f"array_to_tensor: elements have different shapes {sorted(map(list, shapes))}"
+            )
+        if not items:
+            raise ControlFlowError("array_to_tensor: the array is empty")
+        ctx.set_output("Out", np.stack(items, axis=ctx.attrs["axis"]))
