@@ -193,3 +193,81 @@ def test_a_non_row_output_fails_at_run_time_with_a_clear_error():
     }
     with pytest.raises(ControlFlowError, match="one row per row"):
         nf.Executor().run(feed=feed, fetch_list=[out], scope=nf.Scope())
+
+
+def _numeric_check(loss, feed, params, inputs, scope, eps=1e-6):
+    """Analytic gradients (fetched as `name@GRAD`) against central differences of the loss."""
+    exe = nf.Executor()
+    names = [n + "@GRAD" for n in params + inputs]
+    analytic = exe.run(feed=feed, fetch_list=names, scope=scope)
+
+    def loss_value(run_feed):
+        return exe.run(feed=run_feed, fetch_list=[loss], scope=scope)[0].sum()
+
+    for name, grad in zip(params + inputs, analytic):
+        if name in params:
+            tensor = scope.find_var(name).get(nf.Tensor)
+            base = tensor.numpy().copy()
+        else:
+            base = feed[name]
+        numeric = np.zeros_like(base)
+        for index in np.ndindex(base.shape):
+            for sign in (1.0, -1.0):
+                moved = base.copy()
+                moved[index] += sign * eps
+                if name in params:
+                    tensor.set(moved)
+                    numeric[index] += sign * loss_value(feed) / (2 * eps)
+                else:
+                    numeric[index] += sign * loss_value({**feed, name: moved}) / (2 * eps)
+        if name in params:
+            tensor.set(base)
+        assert grad.shape == base.shape, name
+        np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [[True, False, True, False], [False, False, False], [True, True, True]],
+    ids=["both", "true-branch-empty", "false-branch-empty"],
+)
+def test_gradients_match_central_differences(rows, rng):
+    """Gradients reach both branches, batch inputs by row and parameters summed (float64)."""
+    x = L.data("x", [-1, 3], "float64")
+    x.stop_gradient = False
+    c = L.data("c", [-1, 1], "bool")
+    s = L.create_parameter([1], "float64", name="s", initializer=nf.initializer.Constant(0.7))
+    ie = nf.ifelse()
+    with ie.true_block():
+        h = L.fc(x, 2, act="tanh", name="t")
+        ie.output(h, L.softmax(L.elementwise_mul(h, s)))
+    with ie.false_block():
+        h = L.fc(x, 2, name="f")
+        ie.output(L.elementwise_mul(h, s), h)
+    o1, o2 = ie(c)
+    loss = L.mean(L.elementwise_add(L.tanh(o1), o2))
+    nf.append_backward(loss)
+    scope = nf.Scope()
+    nf.Executor().run(nf.default_startup_program(), scope=scope)
+    feed = {"x": rng.normal(size=(len(rows), 3)), "c": np.array(rows, bool).reshape(-1, 1)}
+    _numeric_check(loss, feed, ["t.w", "t.b", "f.w", "f.b", "s"], ["x"], scope)
+    assert scope.kids == []
+
+
+def test_an_empty_branch_gives_its_parameters_zero_gradients(rng):
+    """A 1-D condition with no true rows: the true branch never runs, forward or backward."""
+    x = L.data("x", [-1, 2], "float64")
+    c = L.data("c", [-1], "bool")
+    ie = nf.ifelse(c)
+    with ie.true_block():
+        ie.output(L.fc(x, 1, name="t"))
+    with ie.false_block():
+        ie.output(L.fc(x, 1, name="f"))
+    (out,) = ie()
+    loss = L.mean(out)
+    nf.append_backward(loss)
+    x_value = rng.normal(size=(3, 2))
+    (t_grad, f_grad), scope = _run(["t.w@GRAD", "f.w@GRAD"], {"x": x_value, "c": np.zeros(3, bool)})
+    np.testing.assert_array_equal(t_grad, np.zeros((2, 1)))
+    np.testing.assert_allclose(f_grad, x_value.mean(axis=0, keepdims=True).T, rtol=1e-12)
+    assert scope.kids == []

@@ -148,3 +148,85 @@ def test_while_program_round_trips_through_protobuf(rng):
     loaded = nf.Program.from_bytes(nf.default_main_program().to_bytes())
     (b,) = nf.Executor().run(loaded, feed={"x": x0}, fetch_list=["x"], scope=scope)
     np.testing.assert_array_equal(a, b)
+
+
+def _numeric_check(loss, feed, params, inputs, scope, eps=1e-6):
+    """Analytic gradients (fetched as `name@GRAD`) against central differences of the loss."""
+    exe = nf.Executor()
+    names = [n + "@GRAD" for n in params + inputs]
+    analytic = exe.run(feed=feed, fetch_list=names, scope=scope)
+
+    def loss_value(run_feed):
+        return exe.run(feed=run_feed, fetch_list=[loss], scope=scope)[0].sum()
+
+    for name, grad in zip(params + inputs, analytic):
+        if name in params:
+            tensor = scope.find_var(name).get(nf.Tensor)
+            base = tensor.numpy().copy()
+        else:
+            base = feed[name]
+        numeric = np.zeros_like(base)
+        for index in np.ndindex(base.shape):
+            for sign in (1.0, -1.0):
+                moved = base.copy()
+                moved[index] += sign * eps
+                if name in params:
+                    tensor.set(moved)
+                    numeric[index] += sign * loss_value(feed) / (2 * eps)
+                else:
+                    numeric[index] += sign * loss_value({**feed, name: moved}) / (2 * eps)
+        if name in params:
+            tensor.set(base)
+        assert grad.shape == base.shape, name
+        np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8, err_msg=name)
+
+
+@pytest.mark.parametrize("steps", [0, 1, 4])
+def test_gradients_through_a_loop_variable_match_central_differences(steps, rng):
+    """x_{t+1} = tanh(x_t @ w) + v, and acc += mean(x_{t+1}): d loss / d w, v, x0 (float64)."""
+    x = L.data("x", [-1, 2], "float64")
+    x.stop_gradient = False
+    w = L.create_parameter([2, 2], "float64", name="w", initializer=nf.initializer.Uniform(-1, 1))
+    v = L.create_parameter([2], "float64", name="v", initializer=nf.initializer.Uniform(-1, 1))
+    i, n, cond = _counter(steps)
+    acc = L.fill_constant([1], "float64", 0.0)
+    acc.stop_gradient = False
+    loop = nf.While(cond)
+    with loop.block():
+        L.assign(L.elementwise_add(L.tanh(L.matmul(x, w)), v), output=x)
+        L.assign(L.elementwise_add(acc, L.mean(x)), output=acc)
+        L.increment(i)
+        L.less_than(i, n, out=cond)
+    loss = L.mean(L.elementwise_add(L.mean(x), acc))
+    nf.append_backward(loss)
+    scope = nf.Scope()
+    nf.Executor().run(nf.default_startup_program(), scope=scope)
+    _numeric_check(loss, {"x": rng.normal(size=(3, 2))}, ["w", "v"], ["x"], scope)
+    assert scope.kids == []
+
+
+def test_gradients_through_an_ifelse_inside_the_loop(rng):
+    """Nested control flow: each step routes rows through an IfElse on the current x."""
+    x = L.data("x", [-1, 2], "float64")
+    x.stop_gradient = False
+    w = L.create_parameter([2, 2], "float64", name="w", initializer=nf.initializer.Uniform(-1, 1))
+    v = L.create_parameter([2], "float64", name="v", initializer=nf.initializer.Uniform(-1, 1))
+    i, n, cond = _counter(3)
+    loop = nf.While(cond)
+    with loop.block():
+        row_sum = L.matmul(x, L.fill_constant([2, 1], "float64", 1.0))
+        ie = nf.ifelse(L.greater_than(row_sum, 0.0))
+        with ie.true_block():
+            ie.output(L.tanh(L.matmul(x, w)))
+        with ie.false_block():
+            ie.output(L.elementwise_mul(x, v))
+        (new_x,) = ie()
+        L.assign(new_x, output=x)
+        L.increment(i)
+        L.less_than(i, n, out=cond)
+    loss = L.mean(x)
+    nf.append_backward(loss)
+    scope = nf.Scope()
+    nf.Executor().run(nf.default_startup_program(), scope=scope)
+    _numeric_check(loss, {"x": rng.normal(size=(5, 2))}, ["w", "v"], ["x"], scope)
+    assert scope.kids == []
