@@ -10,7 +10,7 @@ import statistics
 import subprocess
 import sys
 
-from timing import error_line, print_result, row, unavailable
+from timing import error_line, main, row, unavailable
 
 CHILD = "import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
 
@@ -58,4 +58,4 @@ def run(rounds: int = 5) -> dict:
 
 
 if __name__ == "__main__":
-    print_result(run())
+    main(run)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from timing import TORCH_THREADS, OtherLoad, markdown_table, print_result, row, unavailable
+from timing import TORCH_THREADS, markdown_table, measured, print_result, row, unavailable
 
 WORKLOADS = {
     "w1": ("w1_mlp", "W1 MLP 784-512-512-10, batch 128, SGD"),
@@ -33,23 +33,16 @@ WORKLOADS = {
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
-BUSY_CORES = 0.25  # other processes' CPU use (in cores) that makes a workload's figures suspect
-
-
 def run_workload(key: str) -> dict:
     module_name, title = WORKLOADS[key]
-    with OtherLoad() as load:
+
+    def run() -> dict:
         try:
-            module = importlib.import_module(module_name)
-            result = module.run()
+            return importlib.import_module(module_name).run()
         except Exception as exc:
-            result = {"workload": title, "rows": [row("whole workload", "", unavailable(exc))]}
-    if load.cores is not None and load.cores > BUSY_CORES:
-        result.setdefault("notes", []).append(
-            f"other processes kept {load.cores:.2f} cores busy while this ran: "
-            "figures unreliable, run again on a quiet machine"
-        )
-    return result
+            return {"workload": title, "rows": [row("whole workload", "", unavailable(exc))]}
+
+    return measured(run)
 
 
 def environment() -> str:

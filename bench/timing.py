@@ -116,6 +116,26 @@ class OtherLoad:
         self.cores = max(others, 0.0) / wall if wall > 0 else 0.0
 
 
+BUSY_CORES = 0.25  # other processes' CPU use (in cores) that makes figures suspect
+
+
+def measured(run: Callable[[], dict]) -> dict:
+    """`run()`'s result, with a note when other processes kept cores busy meanwhile."""
+    with OtherLoad() as load:
+        result = run()
+    if load.cores is not None and load.cores > BUSY_CORES:
+        result.setdefault("notes", []).append(
+            f"other processes kept {load.cores:.2f} cores busy while this ran: "
+            "figures unreliable, run again on a quiet machine"
+        )
+    return result
+
+
+def main(run: Callable[[], dict]) -> None:
+    """What a workload script does when run alone: measure, then print."""
+    print_result(measured(run))
+
+
 def unavailable(exc: BaseException) -> str:
     """The table entry for a contender that cannot run: never a made-up number."""
     text = f"{type(exc).__name__}: {exc}".splitlines()[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from timing import interleaved, print_result, row, setup_torch, unavailable
+from timing import interleaved, main, row, setup_torch, unavailable
 
 SIZES = (784, 512, 512, 10)
 BATCH = 128
@@ -173,4 +173,4 @@ def run(rounds: int = 7) -> dict:
 
 
 if __name__ == "__main__":
-    print_result(run())
+    main(run)

@@ -9,7 +9,7 @@ PyTorch and NumPy run the same chain as a Python loop of `h = h + y` / `np.add(h
 from __future__ import annotations
 
 import numpy as np
-from timing import interleaved, print_result, row, setup_torch, unavailable
+from timing import interleaved, main, row, setup_torch, unavailable
 
 import nestflow as nf
 
@@ -93,4 +93,4 @@ def run(rounds: int = 7) -> dict:
 
 
 if __name__ == "__main__":
-    print_result(run())
+    main(run)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from timing import interleaved, print_result, row, setup_torch, unavailable
+from timing import interleaved, main, row, setup_torch, unavailable
 
 T, BATCH, N_IN, N_HID = 32, 32, 64, 128
 LR = 1.0  # large enough that a wrong gradient shows in the checked losses
@@ -148,4 +148,4 @@ def run(rounds: int = 7) -> dict:
 
 
 if __name__ == "__main__":
-    print_result(run())
+    main(run)

@@ -7,7 +7,7 @@ There is no PyTorch counterpart (eager has no run call); the NumPy column is the
 from __future__ import annotations
 
 import numpy as np
-from timing import interleaved, print_result, row
+from timing import interleaved, main, row
 
 import nestflow as nf
 
@@ -46,4 +46,4 @@ def run(rounds: int = 7) -> dict:
 
 
 if __name__ == "__main__":
-    print_result(run())
+    main(run)

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from timing import error_line, print_result, row, unavailable
+from timing import error_line, main, row, unavailable
 
 STEPS = 30
 FRAMEWORKS = ("numpy", "torch", "nestflow")
@@ -99,4 +99,4 @@ if __name__ == "__main__":
     if args.child:
         child(args.child, args.steps)
     else:
-        print_result(run(steps=args.steps))
+        main(lambda: run(steps=args.steps))
