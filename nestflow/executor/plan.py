@@ -52,19 +52,22 @@ class RunContext:
     def input(self, slot: str) -> Any:
         """The value of a one-variable input slot (None if the slot is empty)."""
         slots = self.in_slots.get(slot)
-        return self.frame.env[slots[0]] if slots else None
+        return self.frame.env[slots[0]] if slots and slots[0] >= 0 else None
 
     def inputs(self, slot: str) -> list[Any]:
-        return [self.frame.env[i] for i in self.in_slots.get(slot, [])]
+        """Values of a list slot; an empty name ("", slot -1: no variable) reads as None."""
+        env = self.frame.env
+        return [env[i] if i >= 0 else None for i in self.in_slots.get(slot, [])]
 
     def set_output(self, slot: str, value: Any) -> None:
         slots = self.out_slots.get(slot)
-        if slots:
+        if slots and slots[0] >= 0:
             self.frame.env[slots[0]] = value
 
     def set_outputs(self, slot: str, values: list[Any]) -> None:
         for i, value in zip(self.out_slots.get(slot, []), values):
-            self.frame.env[i] = value
+            if i >= 0:
+                self.frame.env[i] = value
 
     def lookup(self, name: str) -> Any:
         """A variable's value by name: this frame's env, enclosing frames, then the scope chain."""
