@@ -35,6 +35,7 @@ add = layers.elementwise_add
 sigmoid = layers.sigmoid
 ifelse = layers.IfElse
 While = layers.While
+rnn = layers.RNN
 
 __version__ = "0.1.0"
 
@@ -62,6 +63,7 @@ __all__ = [
     "errors",
     "get_variable",
     "ifelse",
+    "rnn",
     "minibatch",
     "sequence",
     "var",

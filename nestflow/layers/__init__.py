@@ -6,7 +6,8 @@ from nestflow.layers.control_flow import __all__ as _control_flow_all
 from nestflow.layers.initializer import ParamAttr
 from nestflow.layers.nn import *  # noqa: F403
 from nestflow.layers.nn import __all__ as _nn_all
+from nestflow.layers.rnn import RNN
 
 variable_ops.install()
 
-__all__ = ["ParamAttr", "initializer", *_nn_all, *_control_flow_all]
+__all__ = ["RNN", "ParamAttr", "initializer", *_nn_all, *_control_flow_all]

@@ -5,6 +5,7 @@ from nestflow.ops import (  # noqa: F401  (registers the ops)
     constant,
     ifelse,
     math,
+    recurrent,
     tensor,
     while_loop,
 )

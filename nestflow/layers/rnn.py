@@ -1,0 +1,400 @@
+"""RNN: a step block run once per time step over a batch of sequences (seeds 000 and 002).
+
+    x = nf.sequence([10, 20, 30])     # [batch=1, time=3, 1]
+    m = nf.var(0)
+    W = nf.var(0.314, param=True)
+    U = nf.var(0.375, param=True)
+    rnn = nf.rnn()
+    with rnn.step():
+        h = rnn.memory(init=m)          # h: the memory's value before this step
+        h_prev = rnn.previous_memory(h)
+        a = nf.layers.matmul(x, W)      # x is read as its time slice x[:, t]
+        b = nf.layers.matmul(h_prev, U)
+        act = nf.sigmoid(nf.add(a, b))
+        rnn.update_memory(h, act)       # h's value at the next step
+        rnn.output(a, b)
+    o1, o2 = rnn()                      # each [batch, time, ...]
+
+Shapes: a sequence is `[batch, time, ...]` and its slice in the step `[batch, ...]`. Every step
+value stacked by `output` (and every memory) has one row per sequence. A step output of rank 0
+(in the seed, `matmul` of the [1] memory by the [1] weight is a 0-d dot product) counts as one
+row, which works for a batch of one sequence; the seed's outputs are therefore o1 [1, 3] (a_t)
+and o2 [1, 3] (b_t).
+
+Sequence variables (VarDesc.is_sequence, e.g. nf.sequence) read in the step are sliced
+automatically; `step_input(x, lengths=None)` marks any other `[batch, time, ...]` variable (an
+nf.data feed, say). Per-row lengths (an int64 [batch] variable, from `step_input(...,
+lengths=)` or the sequence's `lengths_var`): at steps past a row's length that row's memories
+keep their values and its outputs are zero. Other outer variables (parameters, constants) are
+read whole in every step; parameters get the sum of their per-step gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from nestflow.errors import ControlFlowError
+from nestflow.framework import unique_name
+from nestflow.framework.program import Block, VarDesc, default_main_program
+from nestflow.layers.helper import current_block
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _reads(block: Block) -> list[str]:
+    """Every name `block`'s ops read, including reads from blocks nested in it of names those
+    blocks do not declare, in first-read order."""
+    names: list[str] = []
+    for op in block.ops:
+        nested = [n for sub in op.sub_blocks() for n in _reads(sub) if n not in sub.vars]
+        for name in op.input_names() + nested:
+            if name and name not in names:
+                names.append(name)
+    return names
+
+
+def _visible_sequences(block: Block) -> list[VarDesc]:
+    """Sequence variables visible from `block` (nearest declaration of each name wins)."""
+    seen: dict[str, VarDesc] = {}
+    current: Block | None = block
+    while current is not None:
+        for name, var in current.vars.items():
+            if name not in seen:
+                seen[name] = var
+        current = current.parent
+    return [v for v in seen.values() if v.is_sequence and v.type == "lod_tensor"]
+
+
+def _caller_line() -> str:
+    """The user's line that opened the step block (skipping nestflow and contextlib frames)."""
+    frame = sys._getframe(1)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+        or frame.f_code.co_filename == contextlib.__file__
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+def _compatible(a: Sequence[int], b: Sequence[int]) -> bool:
+    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
+
+
+class _Memory:
+    __slots__ = ("var", "boot", "shape", "value", "batch_ref", "update")
+
+    def __init__(self, var, boot, shape, value, batch_ref):
+        self.var: VarDesc = var
+        self.boot: VarDesc | None = boot
+        self.shape = shape
+        self.value = value
+        self.batch_ref: VarDesc | None = batch_ref
+        self.update: VarDesc | None = None
+
+
+class RNN:
+    """A recurrent network over `[batch, time, ...]` sequences (the seed's `pd.rnn()`).
+
+    Build the step with `with rnn.step():`; inside it use `step_input`, `memory`,
+    `previous_memory`, `update_memory` and `output`. `rnn()` returns the stacked outputs (one
+    variable if there is one output, else a list). Each time step runs in its own step scope,
+    kept for the backward pass (`recurrent_grad`) and destroyed when the run ends.
+    Errors (ControlFlowError): update_memory of a variable that is not a memory of this RNN, a
+    memory never updated, an update whose shape or dtype differs from the memory's, a step that
+    reads no sequence, and misuse of the step block.
+    """
+
+    def __init__(self, name: str | None = None):
+        self._program = default_main_program()
+        self._parent = current_block()
+        self._name = name or unique_name.generate("rnn")
+        self._block: Block | None = None
+        self._building = False
+        self._built = False
+        self._inputs: list[str] = []  # explicit step inputs (outer names)
+        self._shadows: dict[str, VarDesc] = {}  # outer sequence name -> its slice in the step
+        self._lengths: VarDesc | None = None
+        self._memories: list[_Memory] = []
+        self._outputs: list[VarDesc] = []
+        self._results: list[VarDesc] = []
+        self._source = ""
+
+    # ---- building the step ----
+    @contextlib.contextmanager
+    def step(self) -> Iterator[Block]:
+        """`with rnn.step():` builds the step block; the recurrent op is appended at its end."""
+        if self._built or self._building:
+            raise ControlFlowError(f"RNN '{self._name}': step() was already built")
+        if current_block() is not self._parent:
+            raise ControlFlowError(
+                f"RNN '{self._name}': step() must be used in the block the RNN was made in "
+                f"(block {self._parent.idx}), not block {current_block().idx}"
+            )
+        self._building = True
+        self._source = _caller_line()
+        with self._program.block_guard(self._parent.idx) as block:
+            self._block = block
+            # Sequences are read per step under their own names: declare their slices in the
+            # step block now, so shape inference of the step's ops sees [batch, ...].
+            for var in _visible_sequences(self._parent):
+                self._shadow(var)
+            try:
+                yield block
+            finally:
+                self._building = False
+        self._finish()
+
+    def _require_step(self, what: str) -> Block:
+        if not self._building or current_block() is not self._block:
+            raise ControlFlowError(
+                f"RNN '{self._name}': {what}() must be called directly inside `with rnn.step():`"
+            )
+        return self._block
+
+    def _shadow(self, var: VarDesc) -> VarDesc:
+        shadow = self._shadows.get(var.name)
+        if shadow is None:
+            shape = (var.shape[0], *var.shape[2:]) if len(var.shape) >= 2 else (-1,)
+            shadow = self._block.create_var(var.name, shape, var.dtype, stop_gradient=False)
+            self._shadows[var.name] = shadow
+        return shadow
+
+    def step_input(self, x: VarDesc, lengths: VarDesc | None = None) -> VarDesc:
+        """Read the `[batch, time, ...]` variable `x` one time step at a time; returns its
+        `[batch, ...]` slice (same name). `lengths`: the rows' lengths, int64 [batch]."""
+        self._require_step("step_input")
+        if not isinstance(x, VarDesc):
+            raise ControlFlowError(
+                f"RNN '{self._name}': step_input() takes a variable, got {type(x).__name__}"
+            )
+        outer = self._parent.find_var(x.name)
+        if outer is None or x.name in self._block.vars and x.name not in self._shadows:
+            raise ControlFlowError(
+                f"RNN '{self._name}': step_input('{x.name}') needs a variable from outside the step"
+            )
+        if len(outer.shape) < 2:
+            raise ControlFlowError(
+                f"RNN '{self._name}': step input '{x.name}' has shape {list(outer.shape)}; a "
+                f"sequence must be [batch, time, ...]"
+            )
+        if x.name not in self._inputs:
+            self._inputs.append(x.name)
+        if lengths is not None:
+            self._set_lengths(lengths)
+        return self._shadow(outer)
+
+    def _set_lengths(self, lengths: VarDesc | str) -> None:
+        var = lengths if isinstance(lengths, VarDesc) else self._parent.find_var(lengths)
+        if var is None:
+            raise ControlFlowError(f"RNN '{self._name}': no lengths variable '{lengths}'")
+        if np.dtype(var.dtype).kind not in "iu" or len(var.shape) != 1:
+            raise ControlFlowError(
+                f"RNN '{self._name}': lengths '{var.name}' must be an integer [batch] variable, "
+                f"got {var.dtype}{list(var.shape)}"
+            )
+        if self._lengths is not None and self._lengths.name != var.name:
+            raise ControlFlowError(
+                f"RNN '{self._name}': step inputs have different lengths variables "
+                f"'{self._lengths.name}' and '{var.name}'"
+            )
+        self._lengths = var
+
+    def memory(
+        self,
+        init: VarDesc | None = None,
+        shape: Sequence[int] | None = None,
+        value: float = 0.0,
+        batch_ref: VarDesc | None = None,
+        dtype: Any = "float32",
+        name: str | None = None,
+    ) -> VarDesc:
+        """A memory: a step variable holding, at each step, the value it was given by
+        `update_memory` at the step before. At step 0 it is `init` (an outer variable with
+        one row per sequence), or, without `init`, a `[batch, *shape]` tensor filled with
+        `value`, batch taken from `batch_ref` (default: the first step input)."""
+        block = self._require_step("memory")
+        if init is None and shape is None:
+            raise ControlFlowError(f"RNN '{self._name}': memory() needs init= or shape=")
+        if init is not None and not isinstance(init, VarDesc):
+            raise ControlFlowError(
+                f"RNN '{self._name}': memory(init=...) takes a variable, got {type(init).__name__}"
+            )
+        if init is not None and self._parent.find_var(init.name) is None:
+            raise ControlFlowError(
+                f"RNN '{self._name}': memory init '{init.name}' must be a variable from outside "
+                f"the step"
+            )
+        mem_name = name or unique_name.generate(f"{self._name}.mem")
+        if init is not None:
+            var = block.create_var(mem_name, init.shape, init.dtype, stop_gradient=False)
+            self._memories.append(_Memory(var, init, None, None, None))
+        else:
+            row = [int(d) for d in shape]
+            var = block.create_var(mem_name, [-1, *row], dtype, stop_gradient=False)
+            self._memories.append(_Memory(var, None, row, float(value), batch_ref))
+        return var
+
+    def _memory_of(self, mem: Any, what: str) -> _Memory:
+        for memory in self._memories:
+            if memory.var is mem or (isinstance(mem, VarDesc) and memory.var.name == mem.name):
+                return memory
+        name = mem.name if isinstance(mem, VarDesc) else repr(mem)
+        raise ControlFlowError(
+            f"RNN '{self._name}': {what}: '{name}' is not a memory of this RNN (make one with "
+            f"rnn.memory(...))"
+        )
+
+    def previous_memory(self, mem: VarDesc) -> VarDesc:
+        """The memory's value before this step (the variable `memory()` returned)."""
+        self._require_step("previous_memory")
+        return self._memory_of(mem, "previous_memory").var
+
+    def update_memory(self, mem: VarDesc, new: VarDesc) -> None:
+        """Make `new` the memory's value at the next step (same shape and dtype)."""
+        self._require_step("update_memory")
+        memory = self._memory_of(mem, "update_memory")
+        if not isinstance(new, VarDesc):
+            raise ControlFlowError(
+                f"RNN '{self._name}': update_memory('{memory.var.name}', ...) takes a variable, "
+                f"got {type(new).__name__}"
+            )
+        if memory.update is not None:
+            raise ControlFlowError(
+                f"RNN '{self._name}': memory '{memory.var.name}' is already updated by "
+                f"'{memory.update.name}'"
+            )
+        var = memory.var
+        if new.dtype != var.dtype or not _compatible(new.shape, var.shape):
+            raise ControlFlowError(
+                f"RNN '{self._name}': update_memory: memory '{var.name}' is "
+                f"{var.dtype}{list(var.shape)} but the update '{new.name}' is "
+                f"{new.dtype}{list(new.shape)}; a memory keeps one shape and dtype"
+            )
+        memory.update = new
+
+    def output(self, *outs: VarDesc) -> None:
+        """Step variables to stack over time into `rnn()`'s outputs ([batch, time, ...])."""
+        self._require_step("output")
+        for out in outs:
+            if not isinstance(out, VarDesc):
+                raise ControlFlowError(
+                    f"RNN '{self._name}': output() takes variables, got {type(out).__name__}"
+                )
+            self._outputs.append(out)
+
+    # ---- the op ----
+    def _finish(self) -> None:
+        block = self._block
+        for memory in self._memories:
+            if memory.update is None:
+                raise ControlFlowError(
+                    f"RNN '{self._name}': memory '{memory.var.name}' is never updated; call "
+                    f"rnn.update_memory({memory.var.name}, new_value) in the step"
+                )
+        used = set(_reads(block)) | {v.name for v in self._outputs}
+        used |= {m.update.name for m in self._memories}
+        inputs = list(self._inputs)
+        for name in self._shadows:
+            if name in used and name not in inputs:
+                inputs.append(name)
+        for name in list(self._shadows):
+            if name not in inputs:
+                block.remove_var(name)
+                del self._shadows[name]
+        if not inputs:
+            raise ControlFlowError(
+                f"RNN '{self._name}': the step reads no sequence; use a sequence variable "
+                f"(nf.sequence, VarDesc.is_sequence) or rnn.step_input(x)"
+            )
+        if self._lengths is None:
+            for name in inputs:
+                lengths_var = self._parent.find_var(name).lengths_var
+                if lengths_var:
+                    self._set_lengths(lengths_var)
+        boots = []
+        for memory in self._memories:
+            if memory.boot is None:
+                memory.boot = self._boot(memory, inputs[0])
+            boots.append(memory.boot.name)
+        memory_names = {m.var.name for m in self._memories}
+        outer_extra = [
+            v.name
+            for v in self._outputs + [m.update for m in self._memories]
+            if v.name not in block.vars
+        ]
+        params = [
+            n
+            for n in _reads(block) + outer_extra
+            if n not in block.vars and n not in inputs and n not in memory_names
+        ]
+        params = list(dict.fromkeys(params))
+        results = []
+        for out in self._outputs:
+            tail = tuple(out.shape[1:]) if out.shape else ()
+            results.append(
+                self._parent.create_var(
+                    unique_name.generate(f"{self._name}.out"), (-1, -1, *tail), out.dtype
+                )
+            )
+        scopes = self._parent.create_var(
+            unique_name.generate(f"{self._name}.scopes"), type="step_scopes", stop_gradient=True
+        )
+        self._parent.append_op(
+            "recurrent",
+            inputs={
+                "Inputs": inputs,
+                "Boots": boots,
+                "Params": params,
+                "Lengths": [self._lengths] if self._lengths is not None else [],
+            },
+            outputs={"Outputs": results, "StepScopes": [scopes]},
+            attrs={
+                "sub_block": block,
+                "memories": [m.var.name for m in self._memories],
+                "updates": [m.update.name for m in self._memories],
+                "step_outputs": [v.name for v in self._outputs],
+            },
+            source=self._source,
+        )
+        self._results = results
+        self._built = True
+
+    def _boot(self, memory: _Memory, first_input: str) -> VarDesc:
+        ref = memory.batch_ref.name if memory.batch_ref is not None else first_input
+        boot = self._parent.create_var(
+            unique_name.generate(f"{memory.var.name}.boot"),
+            [-1, *memory.shape],
+            memory.var.dtype,
+            stop_gradient=True,
+        )
+        self._parent.append_op(
+            "rnn_memory_boot",
+            inputs={"Ref": [ref]},
+            outputs={"Out": [boot]},
+            attrs={"shape": memory.shape, "value": memory.value, "dtype": memory.var.dtype},
+            source=self._source,
+        )
+        return boot
+
+    def __call__(self) -> VarDesc | list[VarDesc]:
+        """The outputs stacked over time, `[batch, time, ...]`: one variable for one output,
+        else a list in output() order."""
+        if not self._built:
+            raise ControlFlowError(f"RNN '{self._name}': build the step (with rnn.step():) first")
+        return self._results[0] if len(self._results) == 1 else list(self._results)
+
+
+def rnn(name: str | None = None) -> RNN:
+    """The seed's `pd.rnn()`."""
+    return RNN(name)
+
+
+__all__ = ["RNN"]

@@ -1,0 +1,393 @@
+"""recurrent: run a step block once per time step over a batch of sequences (seeds 000/002's
+RNNOp), its gradient `recurrent_grad` (backward through time), and `rnn_memory_boot`.
+
+Layout: a sequence is `[batch, time, ...]`. At step t the op binds, in a fresh kid scope of the
+scope it runs in (one step scope per time step, seed 000):
+- each step input (slot "Inputs") under its own name, as its time slice `X[:, t]`;
+- each memory (attr `memories`) under its name, as the memory's value before the step (its boot
+  value, slot "Boots", at step 0).
+After the step, each memory takes the value of its update variable (attr `updates`), and each step
+output (attr `step_outputs`) is collected; outputs are stacked into `[batch, time, ...]`.
+Outer variables the step reads (slot "Params": parameters, non-sequence variables) are read
+through the frame chain, never copied.
+
+Per-row lengths (slot "Lengths", int64 [batch]): at steps t >= lengths[row] the row's memory
+keeps its value and the row's outputs are zero.
+
+The step scopes are kept (output "StepScopes") with every value of the step, so
+`recurrent_grad` runs the step's gradient block in each of them, last step first. They are kids
+of the executor's per-run local scope and are destroyed when the run ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nestflow.errors import ControlFlowError
+from nestflow.framework.program import GRAD_SUFFIX, OpDesc
+from nestflow.ops.ifelse import scope_array, store_step
+from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
+
+
+def _sequences(names: list[str], values: list[Any]) -> tuple[int, int]:
+    """(batch, steps) shared by all step inputs; ControlFlowError if they disagree."""
+    batch = steps = None
+    first = ""
+    for name, value in zip(names, values):
+        if not isinstance(value, np.ndarray) or value.ndim < 2:
+            shape = list(getattr(value, "shape", []))
+            raise ControlFlowError(
+                f"recurrent: step input '{name}' has shape {shape}; a sequence must be "
+                f"[batch, time, ...] (at least 2-D)"
+            )
+        if batch is None:
+            batch, steps, first = value.shape[0], value.shape[1], name
+        elif value.shape[:2] != (batch, steps):
+            raise ControlFlowError(
+                f"recurrent: step inputs '{first}' [batch={batch}, time={steps}] and '{name}' "
+                f"{list(value.shape)} differ in batch or time dims"
+            )
+    if batch is None:
+        raise ControlFlowError("recurrent: the step reads no sequence (no step input)")
+    return batch, steps
+
+
+def _lengths(value: Any, batch: int, steps: int, name: str) -> np.ndarray | None:
+    if value is None:
+        return None
+    lengths = np.asarray(value)
+    if lengths.dtype.kind not in "iu" or lengths.reshape(-1).shape[0] != batch:
+        raise ControlFlowError(
+            f"recurrent: lengths '{name}' must be an integer [batch={batch}] array, got "
+            f"{lengths.dtype}{list(lengths.shape)}"
+        )
+    lengths = lengths.reshape(-1)
+    if lengths.size and (lengths.min() < 0 or lengths.max() > steps):
+        raise ControlFlowError(
+            f"recurrent: lengths '{name}' must lie in [0, {steps}] (the time dim), got "
+            f"{lengths.tolist()}"
+        )
+    return lengths
+
+
+def _active(lengths: np.ndarray | None, t: int) -> np.ndarray | None:
+    """Rows still running at step t, or None when every row is."""
+    if lengths is None:
+        return None
+    active = lengths > t
+    return None if active.all() else active
+
+
+def _rows(mask: np.ndarray, ndim: int) -> np.ndarray:
+    return mask.reshape(mask.shape + (1,) * (ndim - 1))
+
+
+def _masked(value: np.ndarray, active: np.ndarray | None) -> np.ndarray:
+    """`value` with the rows of finished sequences zeroed (a new array; `value` is kept)."""
+    if active is None:
+        return value
+    return np.where(_rows(active, value.ndim), value, np.zeros((), value.dtype))
+
+
+def _as_rows(value: Any, batch: int, name: str, what: str) -> np.ndarray:
+    """A step value with a leading batch dim. A 0-d value (e.g. the seed's matmul of two 1-D
+    vectors) is taken as one row, which needs a batch of one sequence."""
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    if not isinstance(value, np.ndarray):
+        raise ControlFlowError(f"recurrent: {what} '{name}' is not a tensor ({type(value)})")
+    if value.ndim == 0 and batch == 1:
+        return value.reshape(1)
+    if value.ndim == 0 or value.shape[0] != batch:
+        raise ControlFlowError(
+            f"recurrent: {what} '{name}' has shape {list(value.shape)}, but the batch has "
+            f"{batch} sequence(s): it needs one row per sequence"
+        )
+    return value
+
+
+def _step_value(frame, bound: dict[str, Any], name: str) -> Any:
+    value = frame.value(name)
+    if value is None:
+        value = bound.get(name)
+    return frame.lookup(name) if value is None else value
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind in "fc"
+
+
+@register_op
+class recurrent:
+    """Outputs[i][:, t] = step output i of time step t (zero past a row's length).
+
+    Attrs: `sub_block` (the step), `memories` (their names in the step; slot "Boots" gives one
+    initial value each, [batch, ...]), `updates` (the step variable holding each memory's next
+    value), `step_outputs` (the step variables stacked into "Outputs").
+    """
+
+    inputs = ("Inputs*", "Boots*", "Params*", "Lengths?")
+    outputs = ("Outputs*", "StepScopes")
+    attrs = {"sub_block": None, "memories": [], "updates": [], "step_outputs": []}
+    no_grad_inputs = ("Lengths",)
+
+    def run(ctx):
+        op, attrs = ctx.op, ctx.attrs
+        block = attrs["sub_block"]
+        memories, updates, outs = attrs["memories"], attrs["updates"], attrs["step_outputs"]
+        in_names = op.input("Inputs")
+        sequences = ctx.inputs("Inputs")
+        batch, steps = _sequences(in_names, sequences)
+        lengths_name = (op.input("Lengths") or [""])[0]
+        lengths = _lengths(ctx.input("Lengths"), batch, steps, lengths_name)
+        current = {}
+        for name, boot_name, value in zip(memories, op.input("Boots"), ctx.inputs("Boots")):
+            current[name] = _as_rows(value, batch, boot_name, f"initial value of memory '{name}'")
+        if steps == 0:
+            raise ControlFlowError(
+                f"recurrent: the sequences {in_names} have no time steps (time dim 0)"
+            )
+        scopes = []
+        collected: list[list[np.ndarray]] = [[] for _ in outs]
+        for t in range(steps):
+            active = _active(lengths, t)
+            scope = ctx.scope.new_scope()
+            scopes.append(scope)
+            bound = {name: value[:, t] for name, value in zip(in_names, sequences)}
+            bound.update(current)
+            frame = ctx.run_block(block, scope, bound)
+            store_step(frame, scope, bound)
+            for name, update in zip(memories, updates):
+                new = _step_value(frame, bound, update)
+                new = np.asarray(new) if isinstance(new, np.generic) else new
+                old = current[name]
+                if not isinstance(new, np.ndarray) or new.shape != old.shape:
+                    raise ControlFlowError(
+                        f"recurrent: memory '{name}' has shape {list(old.shape)} but its update "
+                        f"'{update}' has shape {list(getattr(new, 'shape', []))} at step {t}; "
+                        f"a memory keeps one shape over the steps"
+                    )
+                if active is not None:
+                    new = np.where(_rows(active, new.ndim), new, old)
+                current[name] = new
+            for i, name in enumerate(outs):
+                value = _as_rows(_step_value(frame, bound, name), batch, name, "step output")
+                if collected[i] and collected[i][0].shape != value.shape:
+                    raise ControlFlowError(
+                        f"recurrent: step output '{name}' has shape {list(value.shape)} at "
+                        f"step {t} but {list(collected[i][0].shape)} at step 0"
+                    )
+                collected[i].append(_masked(value, active))
+        # np.stack copies, so the outputs never alias a value kept in a step scope.
+        ctx.set_outputs("Outputs", [np.stack(parts, axis=1) for parts in collected])
+        ctx.set_output("StepScopes", scopes)
+
+    def grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
+        attrs = op.attrs
+        block = attrs["sub_block"]
+        memories, updates, outs = attrs["memories"], attrs["updates"], attrs["step_outputs"]
+        out_names = op.output("Outputs")
+        out_grads = [ctx.grad_of(n) for n in out_names]
+        if all(g is None for g in out_grads):
+            return []
+        in_names, boot_names = op.input("Inputs"), op.input("Boots")
+        param_names = op.input("Params")
+        in_grads = [ctx.grad_of(n) for n in in_names]
+        boot_grads = [ctx.grad_of(n) for n in boot_names]
+        param_grads = [ctx.grad_of(n) for n in param_names]
+        # Every float memory carries gradient through time, even when its boot value needs
+        # none: a parameter's gradient flows through it.
+        chained = [
+            (name, update)
+            for name, update in zip(memories, updates)
+            if (desc := block.find_var(name)) is not None
+            and desc.type == "lod_tensor"
+            and np.dtype(desc.dtype).kind in "fc"
+        ]
+        seeds: dict[str, str] = {}
+        for name, g in zip(outs, out_grads):
+            if g is not None:
+                seeds.setdefault(name, name + GRAD_SUFFIX)
+        for _, update in chained:
+            seeds.setdefault(update, update + GRAD_SUFFIX)
+        wanted = [name for name, _ in chained]
+        wanted += [n for n, g in zip(in_names, in_grads) if g and n not in wanted]
+        wanted += [n for n, g in zip(param_names, param_grads) if g and n not in wanted]
+        if not wanted:
+            return []
+        grad_block, got = ctx.backward_block(block, seeds, wanted)
+        chained_names = {name for name, _ in chained}
+        grad_attrs = {
+            "grad_block": grad_block,
+            "memories": memories,
+            "updates": updates,
+            "step_outputs": outs,
+            "output_seeds": [seeds[n] if g is not None else "" for n, g in zip(outs, out_grads)],
+            "memory_seeds": [
+                seeds[u] if m in chained_names else "" for m, u in zip(memories, updates)
+            ],
+            "memory_grads": [got.get(m, "") for m in memories],
+            "input_grads": [got.get(n, "") if g else "" for n, g in zip(in_names, in_grads)],
+            "param_grads": [got.get(n, "") if g else "" for n, g in zip(param_names, param_grads)],
+        }
+        inputs = {
+            "Inputs": in_names,
+            "Boots": boot_names,
+            "Params": param_names,
+            "Lengths": op.input("Lengths"),
+            "Outputs": out_names,
+            "Outputs" + GRAD_SUFFIX: [g or "" for g in out_grads],
+            "StepScopes": op.output("StepScopes"),
+        }
+        outputs = {
+            "Inputs" + GRAD_SUFFIX: [g or "" for g in in_grads],
+            "Boots" + GRAD_SUFFIX: [g or "" for g in boot_grads],
+            "Params" + GRAD_SUFFIX: [g or "" for g in param_grads],
+        }
+        return [GradOpSpec("recurrent_grad", inputs, outputs, grad_attrs)]
+
+
+@register_op
+class recurrent_grad:
+    """Backward through time: runs the step's gradient block in each kept step scope, last
+    step first. Seeds of a step are the output gradients' time slice and the gradient flowing
+    into each memory's new value; the block gives the gradient of the memory's old value (passed
+    to the step before), of the step inputs' slices and of outer variables (summed over steps).
+    Rows past their length pass the memory gradient straight through and get no other."""
+
+    inputs = (
+        "Inputs*",
+        "Boots*",
+        "Params*",
+        "Lengths?",
+        "Outputs*",
+        "Outputs@GRAD*",
+        "StepScopes",
+    )
+    outputs = ("Inputs@GRAD*", "Boots@GRAD*", "Params@GRAD*")
+    attrs = {
+        "grad_block": None,
+        "memories": [],
+        "updates": [],
+        "step_outputs": [],
+        "output_seeds": [],
+        "memory_seeds": [],
+        "memory_grads": [],
+        "input_grads": [],
+        "param_grads": [],
+    }
+
+    def run(ctx):
+        attrs = ctx.attrs
+        grad_block = attrs["grad_block"]
+        memories = attrs["memories"]
+        outs, out_seeds = attrs["step_outputs"], attrs["output_seeds"]
+        mem_seeds, mem_grads = attrs["memory_seeds"], attrs["memory_grads"]
+        sequences = ctx.inputs("Inputs")
+        params = ctx.inputs("Params")
+        boots = ctx.inputs("Boots")
+        out_grads = ctx.inputs("Outputs" + GRAD_SUFFIX)
+        scopes = ctx.input("StepScopes") or []
+        batch, steps = _sequences(ctx.op.input("Inputs"), sequences)
+        lengths = _lengths(ctx.input("Lengths"), batch, steps, "Lengths")
+        x_grads: list[Any] = [None] * len(sequences)
+        p_grads: list[Any] = [None] * len(params)
+        # Gradient w.r.t. each memory's value after the step being processed; nothing reads
+        # the memories after the last step, so it starts at zero.
+        flowing: dict[str, Any] = {}
+        for t in reversed(range(len(scopes))):
+            scope = scopes[t]
+            active = _active(lengths, t)
+            values: dict[str, Any] = {}
+            for name, seed, grad in zip(outs, out_seeds, out_grads):
+                if not seed:
+                    continue
+                step = scope_array(scope, name)
+                shape = np.shape(step) if step is not None else None
+                if grad is None:
+                    part = np.zeros(shape, dtype=np.asarray(step).dtype)
+                else:
+                    part = _masked(grad[:, t], active)
+                    part = part.reshape(shape) if shape is not None else part
+                values[seed] = values[seed] + part if seed in values else part
+            passed: dict[str, Any] = {}
+            for name, seed in zip(memories, mem_seeds):
+                if not seed:
+                    continue
+                grad = flowing.get(name)
+                if grad is None:
+                    grad = np.zeros_like(scope_array(scope, name))
+                if active is not None:
+                    rows = _rows(active, grad.ndim)
+                    passed[name] = np.where(rows, np.zeros((), grad.dtype), grad)
+                    grad = np.where(rows, grad, np.zeros((), grad.dtype))
+                values[seed] = values[seed] + grad if seed in values else grad
+            frame = ctx.run_block(grad_block, scope, values)
+            for name, seed, grad_name in zip(memories, mem_seeds, mem_grads):
+                if not seed:
+                    continue
+                grad = _grad_value(frame, values, grad_name)
+                if grad is None:
+                    grad = np.zeros_like(scope_array(scope, name))
+                if name in passed:
+                    grad = grad + passed[name]
+                flowing[name] = grad
+            for i, grad_name in enumerate(attrs["input_grads"]):
+                grad = _grad_value(frame, values, grad_name)
+                if grad is None:
+                    continue
+                if x_grads[i] is None:
+                    x_grads[i] = np.zeros(sequences[i].shape, dtype=grad.dtype)
+                x_grads[i][:, t] += grad
+            for i, grad_name in enumerate(attrs["param_grads"]):
+                grad = _grad_value(frame, values, grad_name)
+                if grad is not None:
+                    p_grads[i] = grad if p_grads[i] is None else p_grads[i] + grad
+        boot_grads = []
+        for name, boot in zip(memories, boots):
+            grad = flowing.get(name)
+            if grad is not None and np.ndim(boot) == 0:
+                grad = grad.reshape(())
+            boot_grads.append(grad)
+        _set_grads(ctx, "Inputs" + GRAD_SUFFIX, x_grads, sequences)
+        _set_grads(ctx, "Boots" + GRAD_SUFFIX, boot_grads, boots)
+        _set_grads(ctx, "Params" + GRAD_SUFFIX, p_grads, params)
+
+
+def _grad_value(frame, values: dict[str, Any], name: str) -> Any:
+    if not name:
+        return None
+    value = frame.value(name)
+    return values.get(name) if value is None else value
+
+
+def _set_grads(ctx, slot: str, grads: list[Any], forward: list[Any]) -> None:
+    """Write gradients to the slot's named outputs; an input nothing reached gets zeros."""
+    env = ctx.frame.env
+    for index, grad, value in zip(ctx.out_slots.get(slot, []), grads, forward):
+        if index < 0:
+            continue
+        if grad is None:
+            value = np.asarray(value)
+            grad = np.zeros(value.shape, value.dtype if value.dtype.kind in "fc" else "float64")
+        elif _is_float(value) and grad.shape != value.shape:
+            grad = grad.reshape(value.shape)
+        env[index] = grad
+
+
+@register_op
+class rnn_memory_boot:
+    """Out = a [Ref.shape[0], *shape] tensor filled with `value`: the initial value of an RNN
+    memory declared by shape (one row per sequence of the batch Ref belongs to)."""
+
+    inputs, outputs = ("Ref",), ("Out",)
+    attrs = {"shape": [], "value": 0.0, "dtype": "float32"}
+    no_grad_inputs = ("Ref",)
+
+    def infer(Ref, shape, value, dtype):
+        return VarInfo((Ref.shape[0] if Ref.shape else -1, *shape), dtype)
+
+    def forward(Ref, shape, value, dtype):
+        return np.full((np.shape(Ref)[0], *shape), value, dtype=dtype)
