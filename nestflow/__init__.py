@@ -16,6 +16,7 @@ from nestflow import (
 )
 from nestflow.core import CPUPlace, CUDAPlace, Place, Scope, Tensor, Variable
 from nestflow.executor import Executor, Net, NetBuilder, PlainNet, global_scope, prune
+from nestflow.executor.recurrent_net import RecurrentNet
 from nestflow.framework import (
     Block,
     OpDesc,
@@ -47,6 +48,7 @@ __all__ = [
     "Net",
     "NetBuilder",
     "PlainNet",
+    "RecurrentNet",
     "OpDesc",
     "ParamAttr",
     "Place",
