@@ -89,7 +89,7 @@ def _compatible(a: Sequence[int], b: Sequence[int]) -> bool:
 
 
 class _Memory:
-    __slots__ = ("var", "boot", "shape", "value", "batch_ref", "update")
+    __slots__ = ("var", "boot", "shape", "value", "batch_ref", "update", "final")
 
     def __init__(self, var, boot, shape, value, batch_ref):
         self.var: VarDesc = var
@@ -98,6 +98,7 @@ class _Memory:
         self.value = value
         self.batch_ref: VarDesc | None = batch_ref
         self.update: VarDesc | None = None
+        self.final: VarDesc | None = None
 
 
 class RNN:
@@ -344,6 +345,12 @@ class RNN:
                     unique_name.generate(f"{self._name}.out"), (-1, -1, *tail), out.dtype
                 )
             )
+        for memory in self._memories:
+            memory.final = self._parent.create_var(
+                unique_name.generate(f"{memory.var.name}.final"),
+                (-1, *memory.var.shape[1:]) if memory.var.shape else (),
+                memory.var.dtype,
+            )
         scopes = self._parent.create_var(
             unique_name.generate(f"{self._name}.scopes"), type="step_scopes", stop_gradient=True
         )
@@ -355,7 +362,11 @@ class RNN:
                 "Params": params,
                 "Lengths": [self._lengths] if self._lengths is not None else [],
             },
-            outputs={"Outputs": results, "StepScopes": [scopes]},
+            outputs={
+                "Outputs": results,
+                "FinalMemories": [m.final for m in self._memories],
+                "StepScopes": [scopes],
+            },
             attrs={
                 "sub_block": block,
                 "memories": [m.var.name for m in self._memories],
@@ -383,6 +394,16 @@ class RNN:
             source=self._source,
         )
         return boot
+
+    def final_memory(self, mem: VarDesc) -> VarDesc:
+        """The memory's value after the last step, [batch, ...] (for a row shorter than the
+        others: its value at the row's last step). Call after the step is built."""
+        if not self._built:
+            raise ControlFlowError(
+                f"RNN '{self._name}': final_memory() needs the step built (after `with "
+                f"rnn.step():`)"
+            )
+        return self._memory_of(mem, "final_memory").final
 
     def __call__(self) -> VarDesc | list[VarDesc]:
         """The outputs stacked over time, `[batch, time, ...]`: one variable for one output,

@@ -7,7 +7,8 @@ scope it runs in (one step scope per time step, seed 000):
 - each memory (attr `memories`) under its name, as the memory's value before the step (its boot
   value, slot "Boots", at step 0).
 After the step, each memory takes the value of its update variable (attr `updates`), and each step
-output (attr `step_outputs`) is collected; outputs are stacked into `[batch, time, ...]`.
+output (attr `step_outputs`) is collected; outputs are stacked into `[batch, time, ...]`, and
+"FinalMemories" are the memories' values after the last step.
 Outer variables the step reads (slot "Params": parameters, non-sequence variables) are read
 through the frame chain, never copied.
 
@@ -129,7 +130,7 @@ class recurrent:
     """
 
     inputs = ("Inputs*", "Boots*", "Params*", "Lengths?")
-    outputs = ("Outputs*", "StepScopes")
+    outputs = ("Outputs*", "FinalMemories*", "StepScopes")
     attrs = {"sub_block": None, "memories": [], "updates": [], "step_outputs": []}
     no_grad_inputs = ("Lengths",)
 
@@ -182,15 +183,17 @@ class recurrent:
                 collected[i].append(_masked(value, active))
         # np.stack copies, so the outputs never alias a value kept in a step scope.
         ctx.set_outputs("Outputs", [np.stack(parts, axis=1) for parts in collected])
+        ctx.set_outputs("FinalMemories", [current[name] for name in memories])
         ctx.set_output("StepScopes", scopes)
 
     def grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
         attrs = op.attrs
         block = attrs["sub_block"]
         memories, updates, outs = attrs["memories"], attrs["updates"], attrs["step_outputs"]
-        out_names = op.output("Outputs")
+        out_names, final_names = op.output("Outputs"), op.output("FinalMemories")
         out_grads = [ctx.grad_of(n) for n in out_names]
-        if all(g is None for g in out_grads):
+        final_grads = [ctx.grad_of(n) for n in final_names]
+        if all(g is None for g in out_grads + final_grads):
             return []
         in_names, boot_names = op.input("Inputs"), op.input("Boots")
         param_names = op.input("Params")
@@ -239,6 +242,8 @@ class recurrent:
             "Lengths": op.input("Lengths"),
             "Outputs": out_names,
             "Outputs" + GRAD_SUFFIX: [g or "" for g in out_grads],
+            "FinalMemories": final_names,
+            "FinalMemories" + GRAD_SUFFIX: [g or "" for g in final_grads],
             "StepScopes": op.output("StepScopes"),
         }
         outputs = {
@@ -264,6 +269,8 @@ class recurrent_grad:
         "Lengths?",
         "Outputs*",
         "Outputs@GRAD*",
+        "FinalMemories*",
+        "FinalMemories@GRAD*",
         "StepScopes",
     )
     outputs = ("Inputs@GRAD*", "Boots@GRAD*", "Params@GRAD*")
@@ -294,9 +301,10 @@ class recurrent_grad:
         lengths = _lengths(ctx.input("Lengths"), batch, steps, "Lengths")
         x_grads: list[Any] = [None] * len(sequences)
         p_grads: list[Any] = [None] * len(params)
-        # Gradient w.r.t. each memory's value after the step being processed; nothing reads
-        # the memories after the last step, so it starts at zero.
-        flowing: dict[str, Any] = {}
+        # Gradient w.r.t. each memory's value after the step being processed: after the last
+        # step, that of the final value (zero if nothing reads it).
+        final_grads = ctx.inputs("FinalMemories" + GRAD_SUFFIX)
+        flowing: dict[str, Any] = {m: g for m, g in zip(memories, final_grads) if g is not None}
         for t in reversed(range(len(scopes))):
             scope = scopes[t]
             active = _active(lengths, t)

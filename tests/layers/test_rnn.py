@@ -1,0 +1,266 @@
+"""RNN (seeds 000 and 002's RNNOp): a step block run in one step scope per time step, memories
+carried between steps, per-row lengths, and backward through time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nestflow as nf
+import nestflow as pd
+from nestflow.core.scope import live_scope_count
+from nestflow.errors import ControlFlowError
+
+L = nf.layers
+
+
+def _run(fetch, feed=None, scope=None, program=None):
+    scope = scope if scope is not None else nf.Scope()
+    exe = nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    return exe.run(program, feed=feed or {}, fetch_list=fetch, scope=scope), scope
+
+
+def _seed_program():
+    x = pd.sequence([10, 20, 30])
+    m = pd.var(0)
+    W = pd.var(0.314, param=True)
+    U = pd.var(0.375, param=True)
+    rnn = pd.rnn()
+    with rnn.step():
+        h = rnn.memory(init=m)
+        h_prev = rnn.previous_memory(h)
+        a = pd.layers.matmul(x, W)
+        b = pd.layers.matmul(h_prev, U)
+        s = pd.add(a, b)
+        act = pd.sigmoid(s)
+        rnn.update_memory(h, act)
+        rnn.output(a, b)
+    o1, o2 = rnn()
+    return rnn, h, o1, o2
+
+
+def _seed_reference():
+    """a_t = 0.314 x_t, b_t = 0.375 h_{t-1}, h_t = sigmoid(a_t + b_t), h_0 = 0."""
+    h, a_s, b_s = 0.0, [], []
+    for x in (10.0, 20.0, 30.0):
+        a, b = 0.314 * x, 0.375 * h
+        h = 1.0 / (1.0 + np.exp(-(a + b)))
+        a_s.append(a)
+        b_s.append(b)
+    return np.array([a_s]), np.array([b_s]), h
+
+
+def test_seed_program_matches_hand_computed_values():
+    rnn, h, o1, o2 = _seed_program()
+    final = rnn.final_memory(h)
+    (a, b, last), scope = _run([o1, o2, final])
+    want_a, want_b, want_h = _seed_reference()
+    # One sequence of 3 steps: outputs are [batch=1, time=3] (the per-step values are [1] and
+    # the 0-d dot product of the [1] memory and the [1] weight, taken as one row).
+    assert a.shape == b.shape == (1, 3)
+    np.testing.assert_allclose(a, want_a, rtol=1e-6)
+    np.testing.assert_allclose(b, want_b, rtol=1e-6)
+    np.testing.assert_allclose(last, [want_h], rtol=1e-6)
+    assert b[0, 0] == 0.0  # h_0 = 0
+    assert scope.kids == []  # the step scopes went with the run's local scope
+
+
+def test_seed_program_runs_the_same_after_a_protobuf_round_trip():
+    _, _, o1, o2 = _seed_program()
+    (a, b), scope = _run([o1, o2])
+    loaded = nf.Program.from_bytes(nf.default_main_program().to_bytes())
+    a2, b2 = nf.Executor().run(loaded, fetch_list=[o1.name, o2.name], scope=scope)
+    np.testing.assert_array_equal(a, a2)
+    np.testing.assert_array_equal(b, b2)
+
+
+def test_step_block_is_a_child_block_with_sliced_sequence():
+    _, _, o1, _ = _seed_program()
+    main = nf.default_main_program()
+    op = main.global_block().ops[-1]
+    assert op.type == "recurrent"
+    step = op.attr("sub_block")
+    assert step.parent_idx == 0
+    x_name = op.input("Inputs")[0]
+    # The step block declares the sequence's per-step slice: [batch, time, 1] -> [batch, 1].
+    assert main.global_block().var(x_name).shape == (-1, -1, 1)
+    assert step.var(x_name).shape == (-1, 1)
+    assert o1.shape == (-1, -1)
+
+
+def test_one_step_scope_per_time_step_is_kept_during_the_run():
+    """The op's step scopes are kids of the run's local scope (seed 000/003: one scope per
+    step), alive while later ops of the run execute."""
+    _, _, o1, _ = _seed_program()
+    seen = []
+    main = nf.default_main_program()
+    scopes_var = main.global_block().ops[-1].output("StepScopes")[0]
+    (scopes,), scope = _run([scopes_var])
+    seen.extend(scopes)
+    assert len(seen) == 3
+    assert all(not s.alive for s in seen)  # destroyed when the minibatch completed
+
+
+def _numpy_tanh_rnn(x, lengths, h0, wx, wh, b):
+    """Reference: h_t = tanh(x_t wx + h_{t-1} wh + b), rows past their length keep h and emit 0."""
+    batch, steps, _ = x.shape
+    h = h0.copy()
+    outs = np.zeros((batch, steps, wh.shape[1]))
+    for t in range(steps):
+        new = np.tanh(x[:, t] @ wx + h @ wh + b)
+        active = (lengths > t)[:, None]
+        h = np.where(active, new, h)
+        outs[:, t] = np.where(active, new, 0.0)
+    return outs, h
+
+
+def _tanh_rnn(hidden=3, features=2, dtype="float64", with_init=True):
+    x = L.data("x", [-1, -1, features], dtype)
+    lengths = L.data("lengths", [-1], "int64")
+    h0 = L.data("h0", [-1, hidden], dtype) if with_init else None
+    rnn = nf.rnn()
+    with rnn.step():
+        xt = rnn.step_input(x, lengths=lengths)
+        if with_init:
+            h = rnn.memory(init=h0)
+        else:
+            h = rnn.memory(shape=[hidden], value=0.5, batch_ref=x, dtype=dtype)
+        z = L.fc(xt, hidden, name="in") + L.fc(
+            rnn.previous_memory(h), hidden, bias_attr=False, name="rec"
+        )
+        new = L.tanh(z)
+        rnn.update_memory(h, new)
+        rnn.output(new)
+    out = rnn()
+    return x, lengths, h0, out, rnn.final_memory(h)
+
+
+def _params(scope):
+    get = lambda n: scope.find_var(n).get(nf.Tensor).numpy()  # noqa: E731
+    return get("in.w"), get("rec.w"), get("in.b")
+
+
+def test_unequal_lengths_match_a_numpy_reference(rng):
+    x, lengths, h0, out, final = _tanh_rnn()
+    xs = rng.normal(size=(4, 5, 2))
+    lens = np.array([5, 2, 0, 3], dtype=np.int64)
+    h0s = rng.normal(size=(4, 3))
+    (o, f), scope = _run([out, final], feed={"x": xs, "lengths": lens, "h0": h0s})
+    want_o, want_h = _numpy_tanh_rnn(xs, lens, h0s, *_params(scope))
+    assert o.shape == (4, 5, 3)
+    np.testing.assert_allclose(o, want_o, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(f, want_h, rtol=1e-10, atol=1e-12)
+    assert not o[1, 2:].any() and not o[2].any()  # past a row's length: zeros
+    np.testing.assert_array_equal(f[2], h0s[2])  # a row of length 0 keeps its initial memory
+
+
+def test_memory_by_shape_and_value_takes_batch_from_batch_ref(rng):
+    x, lengths, _, out, final = _tanh_rnn(with_init=False)
+    xs = rng.normal(size=(2, 3, 2))
+    lens = np.array([3, 1], dtype=np.int64)
+    (o, f), scope = _run([out, final], feed={"x": xs, "lengths": lens})
+    want_o, want_h = _numpy_tanh_rnn(xs, lens, np.full((2, 3), 0.5), *_params(scope))
+    np.testing.assert_allclose(o, want_o, rtol=1e-10)
+    np.testing.assert_allclose(f, want_h, rtol=1e-10)
+
+
+def test_outputs_survive_the_step_scopes_and_inner_values_can_be_fetched():
+    rnn, h, o1, o2 = _seed_program()
+    main = nf.default_main_program()
+    act_name = main.global_block().ops[-1].attr("updates")[0]
+    doubled = L.scale(o1, 2.0)  # an op after the RNN reads its output
+    (a, twice, act), scope = _run([o1, doubled, act_name])
+    want_a, _, want_h = _seed_reference()
+    np.testing.assert_allclose(a, want_a, rtol=1e-6)
+    np.testing.assert_allclose(twice, 2 * want_a, rtol=1e-6)
+    # A variable made inside the step is fetched from the newest step scope: the last step.
+    np.testing.assert_allclose(act, [want_h], rtol=1e-6)
+    a[:] = -1  # the fetched copy is the caller's; the next run is unaffected
+    (again,), _ = _run([o1], scope=scope)
+    np.testing.assert_allclose(again, want_a, rtol=1e-6)
+
+
+def test_live_scopes_do_not_grow_over_forward_runs(rng):
+    x, lengths, h0, out, _ = _tanh_rnn()
+    scope = nf.Scope()
+    exe = nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    feed = {"x": rng.normal(size=(2, 4, 2)), "lengths": np.array([4, 2]), "h0": np.zeros((2, 3))}
+    exe.run(feed=feed, fetch_list=[out], scope=scope)
+    before = live_scope_count()
+    for _ in range(50):
+        exe.run(feed=feed, fetch_list=[out], scope=scope)
+    assert live_scope_count() == before
+    assert scope.kids == []
+
+
+# ---- errors ----
+
+
+def test_update_memory_of_a_non_memory_is_an_error():
+    x = pd.sequence([1, 2])
+    rnn = pd.rnn()
+    with pytest.raises(ControlFlowError, match="not a memory"):
+        with rnn.step():
+            y = L.scale(x, 2.0)
+            rnn.update_memory(y, y)
+
+
+def test_memory_never_updated_is_an_error():
+    x = pd.sequence([1, 2])
+    m = pd.var(0)
+    rnn = pd.rnn()
+    with pytest.raises(ControlFlowError, match="never updated"):
+        with rnn.step():
+            rnn.memory(init=m)
+            rnn.output(L.scale(x, 2.0))
+
+
+def test_update_with_a_different_shape_is_an_error():
+    x = L.data("x", [-1, -1, 2])
+    rnn = pd.rnn()
+    with pytest.raises(ControlFlowError, match=r"memory '.*' is float32\[-1, 3\] but the update"):
+        with rnn.step():
+            xt = rnn.step_input(x)
+            h = rnn.memory(shape=[3])
+            rnn.update_memory(h, xt)
+
+
+def test_runtime_shape_mismatches_are_errors(rng):
+    x, lengths, h0, out, _ = _tanh_rnn()
+    exe = nf.Executor()
+    scope = nf.Scope()
+    exe.run(nf.default_startup_program(), scope=scope)
+    xs = rng.normal(size=(2, 3, 2))
+    with pytest.raises(ControlFlowError, match="initial value of memory .* 2 sequence"):
+        exe.run(
+            feed={"x": xs, "lengths": np.array([3, 3]), "h0": np.zeros((5, 3))},
+            fetch_list=[out],
+            scope=scope,
+        )
+    with pytest.raises(ControlFlowError, match=r"lengths 'lengths' must lie in \[0, 3\]"):
+        exe.run(
+            feed={"x": xs, "lengths": np.array([4, 3]), "h0": np.zeros((2, 3))},
+            fetch_list=[out],
+            scope=scope,
+        )
+    assert scope.kids == []
+
+
+def test_step_reading_no_sequence_is_an_error():
+    m = pd.var(0)
+    rnn = pd.rnn()
+    with pytest.raises(ControlFlowError, match="reads no sequence"):
+        with rnn.step():
+            h = rnn.memory(init=m)
+            rnn.update_memory(h, L.scale(h, 2.0))
+
+
+def test_step_api_outside_the_step_is_an_error():
+    x = pd.sequence([1, 2])
+    rnn = pd.rnn()
+    with pytest.raises(ControlFlowError, match="inside `with rnn.step"):
+        rnn.output(x)
+    with pytest.raises(ControlFlowError, match="build the step"):
+        rnn()
