@@ -95,7 +95,7 @@ class PlainNet(Net):
         self.startup_program = Program()
         self._deferred: set[str] = set()  # declared without a known shape: known at run time
         self._plan: BlockPlan | None = None
-        self._ranges: dict[tuple[int, int], list[str]] = {}
+        self._ranges: dict[tuple[int, int], list[tuple[str, bool]]] = {}
         self._executors: dict[Any, Executor] = {}
         self._initialised: weakref.WeakKeyDictionary[Scope, int] = weakref.WeakKeyDictionary()
         self._params_grads: list | None = None
@@ -272,9 +272,11 @@ class PlainNet(Net):
         frame = Frame(plan, scope, self._executor(context))
         env = frame.env
         slot_of = plan.slot_of
-        for name in needs:
+        for name, required in needs:
             value = _value_of(scope, name)
             if value is None:
+                if not required:
+                    continue
                 raise UninitializedError(
                     f"variable '{name}' is not in the scope: it is read by "
                     f"{_reader(plan, name, begin, end)}"
@@ -337,23 +339,21 @@ def _slot_names(slots: Mapping[str, Any] | None) -> dict[str, list[str]]:
     return out
 
 
-def _range_inputs(plan: BlockPlan, begin: int, end: int) -> list[str]:
-    """Names ops [begin, end) read before any of them writes them: they come from the scope."""
+def _range_inputs(plan: BlockPlan, begin: int, end: int) -> list[tuple[str, bool]]:
+    """(name, required) for what ops [begin, end) read before any of them writes it: these
+    come from the scope. An optional input (a gradient no op produced) may be absent."""
     written: set[str] = set()
-    needs: list[str] = []
+    needs: dict[str, bool] = {}
     for op in plan.ops[begin:end]:
         op_def = get_op_def(op.type)
         for slot, names in op.inputs.items():
             spec = op_def.input_slot(slot)
+            required = spec is None or not spec.optional or op_def.run is not None
             for name in names:
-                if not name or name in written or name in needs:
-                    continue
-                if spec is not None and spec.optional and op_def.run is None:
-                    # An optional input (e.g. a gradient no op produced) may be absent.
-                    continue
-                needs.append(name)
+                if name and name not in written:
+                    needs[name] = needs.get(name, False) or required
         written.update(n for n in op.output_names() if n)
-    return needs
+    return list(needs.items())
 
 
 def _reader(plan: BlockPlan, name: str, begin: int, end: int) -> str:

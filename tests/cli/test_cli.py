@@ -1,0 +1,85 @@
+"""The `nestflow` command: the digits demo (reduced), `show`, and the rnn dispatch."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+import nestflow as nf
+from nestflow.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """A reduced demo (600 digits, 4 epochs) through `python -m nestflow`."""
+    out = tmp_path_factory.mktemp("cli") / "model"
+    args = ["demo", "--epochs", "4", "--limit", "600", "--out", str(out), "--min-accuracy", "0.9"]
+    result = subprocess.run(
+        [sys.executable, "-m", "nestflow", *args], capture_output=True, text=True, timeout=120
+    )
+    return result, out
+
+
+def test_demo_trains_saves_and_reloads_identically(demo_run):
+    result, out = demo_run
+    assert result.returncode == 0, result.stdout + result.stderr
+    accuracy = float(re.search(r"^test accuracy: ([\d.]+)%", result.stdout, re.M).group(1))
+    reloaded = float(re.search(r"reloaded model test accuracy: ([\d.]+)%", result.stdout).group(1))
+    assert accuracy >= 90.0
+    assert reloaded == accuracy
+    assert "identical bit for bit: True" in result.stdout
+    # The tqdm bars (stderr) show each epoch's loss and accuracy.
+    assert "epoch 4/4" in result.stderr and "loss=" in result.stderr and "acc=" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["model.json", "model.pb", "params.safetensors"]
+
+
+def test_demo_fails_when_accuracy_is_below_the_bar(tmp_path, capsys):
+    status = main(
+        ["demo", "--epochs", "1", "--limit", "200", "--out", str(tmp_path / "m"), "--no-progress"]
+        + ["--min-accuracy", "1.01"]
+    )
+    assert status == 1
+    assert "below the required" in capsys.readouterr().out
+
+
+def test_show_prints_the_saved_program(demo_run, capsys):
+    _, out = demo_run
+    assert main(["show", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "feed:  x" in text
+    assert "param hidden.w: float32[64, 128]" in text
+    assert "= mul(X=['x'], Y=['hidden.w'])" in text and "softmax" in text
+    # Pruned for inference: no loss, gradient or optimizer ops.
+    assert "adam" not in text and "@GRAD" not in text and "cross_entropy" not in text
+
+
+def test_show_reads_a_program_file(tmp_path, capsys):
+    nf.layers.relu(nf.data("x", shape=[-1, 2]))
+    (tmp_path / "p.pb").write_bytes(nf.default_main_program().to_bytes())
+    assert main(["show", str(tmp_path / "p.pb")]) == 0
+    assert "= relu(X=['x'])" in capsys.readouterr().out
+
+
+def test_show_of_a_bad_directory_is_a_clean_error(tmp_path, capsys):
+    assert main(["show", str(tmp_path)]) == 1
+    assert "holds no saved model" in capsys.readouterr().err
+
+
+def test_rnn_demo_dispatches_or_explains(monkeypatch, capsys):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    assert main(["demo", "--model", "rnn"]) == 2
+    assert "'rnn' demo is not available" in capsys.readouterr().err
+
+
+def test_rnn_demo_dispatches_to_its_module(monkeypatch):
+    import importlib.machinery
+    import types
+
+    fake = types.ModuleType("nestflow.cli.demo_rnn")
+    fake.__spec__ = importlib.machinery.ModuleSpec("nestflow.cli.demo_rnn", None)
+    seen = []
+    fake.run = lambda args: seen.append(args.epochs) or 0
+    monkeypatch.setitem(sys.modules, "nestflow.cli.demo_rnn", fake)
+    assert main(["demo", "--model", "rnn", "--epochs", "2"]) == 0
+    assert seen == [2]
