@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.core.dtype import dtype_name
 from nestflow.errors import ControlFlowError
 from nestflow.framework import unique_name
 from nestflow.framework.program import Block, VarDesc, default_main_program
@@ -299,7 +300,7 @@ def _to_ssa(body: Block) -> list[tuple[str, str]]:
                         outer.shape,
                         outer.dtype,
                         type=outer.type,
-                        stop_gradient=not differentiable or outer.type != "lod_tensor",
+                        stop_gradient=not differentiable or outer.type == "step_scopes",
                     )
                     renamed[name] = name = inner
                 new.append(name)
@@ -379,11 +380,14 @@ class While:
 def create_array(dtype: Any = "float32", name: str | None = None) -> VarDesc:
     """An empty tensor array (a list of tensors indexed by an int64 [1] variable).
 
-    Tensor arrays carry values, not gradients: array_read/array_to_tensor outputs are
-    stop_gradient."""
+    Gradients flow through a float array: into the tensors written and out of those read."""
     block = current_block()
+    floating = np.dtype(dtype_name(dtype)).kind in "fc"
     array = block.create_var(
-        name or unique_name.generate("array"), dtype=dtype, type="tensor_array", stop_gradient=True
+        name or unique_name.generate("array"),
+        dtype=dtype,
+        type="tensor_array",
+        stop_gradient=not floating,
     )
     block.append_op("create_array", outputs={"Out": [array]}, attrs={"dtype": array.dtype})
     return array
@@ -398,7 +402,7 @@ def array_write(x: VarDesc, i: VarDesc, array: VarDesc | None = None) -> VarDesc
 
 def array_read(array: VarDesc, i: VarDesc) -> VarDesc:
     """Element `i` of `array` (ControlFlowError at run time if it was never written)."""
-    return append_op("array_read", {"Array": array, "I": i}, stop_gradient=True)
+    return append_op("array_read", {"Array": array, "I": i})
 
 
 def array_length(array: VarDesc) -> VarDesc:
@@ -408,7 +412,7 @@ def array_length(array: VarDesc) -> VarDesc:
 
 def array_to_tensor(array: VarDesc, axis: int = 0) -> VarDesc:
     """The array's elements (all one shape) stacked along a new dim `axis`."""
-    return append_op("array_to_tensor", {"Array": array}, {"axis": axis}, stop_gradient=True)
+    return append_op("array_to_tensor", {"Array": array}, {"axis": axis})
 
 
 __all__ = [

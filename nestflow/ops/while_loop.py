@@ -91,7 +91,7 @@ class while_:
             (outer, name)
             for outer, name in zip(carried, inner)
             if (desc := body.find_var(name)) is not None
-            and desc.type == "lod_tensor"
+            and desc.type in ("lod_tensor", "tensor_array")
             and np.dtype(desc.dtype).kind in "fc"
         ]
         chained = {outer for outer, _ in chain}
@@ -146,7 +146,7 @@ class while_grad:
                     continue
                 grad = flowing[outer]
                 if grad is None:
-                    grad = np.zeros_like(scope_array(scope, name))
+                    grad = zero_grad_like(scope_array(scope, name))
                 values[seed] = grad
             frame = ctx.run_block(grad_block, scope, values)
             for name, grad_name in zip(x_names, attrs["x_grads"]):
@@ -163,12 +163,37 @@ class while_grad:
             if index < 0:
                 continue
             grad = flowing.get(name) if name in flowing else summed.get(name)
-            if grad is None and _is_float(value):
-                grad = np.zeros_like(value)
+            if grad is None and (_is_float(value) or isinstance(value, list)):
+                grad = zero_grad_like(value)
             env[index] = grad
 
 
 # ---- tensor arrays: a tensor_array variable holds a Python list of arrays ----
+
+
+class ArrayGrad(list):
+    """The gradient of a tensor array: one gradient per element (None: zero). `+` adds
+    elementwise, so the `sum` op that accumulates gradient contributions works on it."""
+
+    def __add__(self, other: list) -> ArrayGrad:
+        out = ArrayGrad([None] * max(len(self), len(other)))
+        for k in range(len(out)):
+            a = self[k] if k < len(self) else None
+            b = other[k] if k < len(other) else None
+            out[k] = a if b is None else b if a is None else a + b
+        return out
+
+    __radd__ = __add__
+
+    def copy(self) -> ArrayGrad:
+        return ArrayGrad(self)
+
+
+def zero_grad_like(value: Any) -> Any:
+    """A zero gradient for `value`: zeros for a float array, an all-zero ArrayGrad for a list."""
+    if isinstance(value, list):
+        return ArrayGrad()
+    return np.zeros_like(value)
 
 
 def _index(value: Any, what: str) -> int:
@@ -205,6 +230,7 @@ class array_write:
 
     inputs, outputs = ("X", "I", "Array?"), ("Out",)
     infer_op = _infer_array_write
+    no_grad_inputs = ("I",)
 
     def run(ctx):
         items = list(ctx.input("Array") or [])
@@ -214,6 +240,15 @@ class array_write:
         items.extend([None] * (index + 1 - len(items)))
         items[index] = ctx.input("X")
         ctx.set_output("Out", items)
+
+    def backward(X, I, Array, Out, Out_grad):  # noqa: E741
+        index = _index(I, "array_write_grad")
+        grads = ArrayGrad(Out_grad or [])
+        x_grad = grads[index] if index < len(grads) else None
+        if index < len(grads):
+            grads[index] = None  # the write replaced whatever the element held before
+        x_grad = np.zeros_like(X) if x_grad is None else x_grad
+        return x_grad, (grads if Array is not None else None)
 
 
 def _array_item(items: list, index: int, what: str) -> np.ndarray:
@@ -229,6 +264,7 @@ class array_read:
     """Out = element I of Array."""
 
     inputs, outputs = ("Array", "I"), ("Out",)
+    no_grad_inputs = ("I",)
 
     def infer(Array, I):  # noqa: E741  (Paddle's slot name)
         return VarInfo(Array.shape, Array.dtype)
@@ -238,6 +274,11 @@ class array_read:
         ctx.set_output(
             "Out", _array_item(items, _index(ctx.input("I"), "array_read"), "array_read")
         )
+
+    def backward(Array, I, Out, Out_grad):  # noqa: E741
+        grads = ArrayGrad([None] * len(Array))
+        grads[_index(I, "array_read_grad")] = Out_grad
+        return (grads,)
 
 
 @register_op
@@ -277,3 +318,6 @@ class array_to_tensor:
         if not items:
             raise ControlFlowError("array_to_tensor: the array is empty")
         ctx.set_output("Out", np.stack(items, axis=ctx.attrs["axis"]))
+
+    def backward(Array, Out, Out_grad, axis):
+        return (ArrayGrad(np.moveaxis(Out_grad, axis, 0)),)

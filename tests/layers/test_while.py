@@ -232,3 +232,17 @@ def test_gradients_through_an_ifelse_inside_the_loop(rng):
     nf.Executor().run(nf.default_startup_program(), scope=scope)
     _numeric_check(loss, {"x": rng.normal(size=(5, 2))}, ["w", "v"], ["x"], scope)
     assert scope.kids == []
+
+
+def test_gradients_through_a_tensor_array_match_central_differences(rng):
+    """Each step writes h_t = tanh(x_t @ w) to an array; the loss reads the stacked array and
+    one element read back, so gradients flow out of the array into every step."""
+    x, w, i, array, h = _tanh_loop(3)
+    stacked = L.array_to_tensor(array)
+    second = L.array_read(array, L.fill_constant([1], "int64", 1))
+    loss = L.elementwise_add(L.mean(L.tanh(stacked)), L.mean(second))
+    nf.append_backward(loss)
+    scope = nf.Scope()
+    nf.Executor().run(nf.default_startup_program(), scope=scope)
+    _numeric_check(loss, {"x": rng.normal(size=(2, 2))}, ["w"], ["x"], scope)
+    assert scope.kids == []
