@@ -3,7 +3,9 @@
 from nestflow.ops import (  # noqa: F401  (registers the ops)
     activation,
     constant,
+    debug,
     ifelse,
+    logic,
     math,
     recurrent,
     tensor,
