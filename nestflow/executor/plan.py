@@ -285,7 +285,7 @@ def _kernel_step(op_def: OpDef, attrs: dict, in_slots: dict, out_slots: dict) ->
             if source is None:
                 args.append(None)
             elif isinstance(source, list):
-                args.append([env[i] for i in source])
+                args.append([env[i] if i >= 0 else None for i in source])
             else:
                 args.append(env[source])
         return args
