@@ -1,0 +1,179 @@
+"""Tensor ops: NumPy-reference forward and float64 gradient checks, shape inference, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nestflow as nf
+from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
+from nestflow.ops.registry import get_op_def
+
+L = nf.layers
+
+
+# ---- build-time shape inference and errors ----
+
+
+def _shape_error(build, *fragments):
+    with pytest.raises(ShapeError) as info:
+        build()
+    text = str(info.value)
+    for fragment in fragments:
+        assert fragment in text, text
+    return text
+
+
+def test_reshape_infers_with_an_unknown_batch_dim():
+    x = L.data("x", [-1, 3, 4], "float32")
+    assert L.reshape(x, [0, -1]).shape == (-1, 12)
+    assert L.reshape(x, [-1, 6]).shape == (-1, 6)
+    assert L.reshape(x, [0, 0, 2, -1]).shape == (-1, 3, 2, 2)
+    assert L.reshape(L.data("y", [2, 3, 4]), [4, -1]).shape == (4, 6)
+
+
+def test_reshape_size_mismatch_names_the_op_and_both_shapes():
+    x = L.data("x", [2, 3], "float32")
+    _shape_error(lambda: L.reshape(x, [4, 2]), "op 'reshape'", "[2, 3]", "[4, 2]")
+    _shape_error(lambda: L.reshape(x, [4, -1]), "op 'reshape'", "[2, 3]", "[4, -1]")
+    y = L.data("y", [-1, 3, 4], "float32")
+    _shape_error(lambda: L.reshape(y, [5, 7]), "op 'reshape'", "[-1, 3, 4]", "[5, 7]")
+
+
+def test_reshape_rejects_two_inferred_dims():
+    x = L.data("x", [2, 3], "float32")
+    _shape_error(lambda: L.reshape(x, [-1, -1]), "more than one -1")
+
+
+def test_reshape_size_mismatch_at_run_time_names_both_shapes():
+    x = L.data("x", [-1, 3], "float32")
+    out = L.reshape(x, [-1, 2])
+    with pytest.raises(ShapeError, match=r"\[5, 3\].*\[-1, 2\]"):
+        nf.Executor().run(feed={"x": np.zeros((5, 3), "float32")}, fetch_list=[out])
+
+
+def test_transpose_rejects_a_non_permutation():
+    x = L.data("x", [2, 3, 4], "float32")
+    _shape_error(lambda: L.transpose(x, [0, 0, 1]), "op 'transpose'", "[0, 0, 1]", "[2, 3, 4]")
+    assert L.transpose(x, [2, 0, 1]).shape == (4, 2, 3)
+
+
+def test_concat_mismatch_names_both_shapes():
+    a, b = L.data("a", [2, 3], "float32"), L.data("b", [2, 4], "float32")
+    _shape_error(lambda: L.concat([a, b], axis=0), "op 'concat'", "[2, 3]", "[2, 4]")
+    assert L.concat([a, b], axis=1).shape == (2, 7)
+    assert L.concat([a, L.data("c", [-1, 3], "float32")], axis=0).shape == (-1, 3)
+
+
+def test_split_shapes_and_errors():
+    x = L.data("x", [-1, 7], "float32")
+    assert [v.shape for v in L.split(x, [2, -1, 1], dim=1)] == [(-1, 2), (-1, 4), (-1, 1)]
+    assert [v.shape for v in L.split(x, 2, dim=0)] == [(-1, 7), (-1, 7)]
+    _shape_error(lambda: L.split(x, 2, dim=1), "op 'split'", "7", "[-1, 7]")
+    _shape_error(lambda: L.split(x, [2, 3], dim=1), "sum to 5", "[-1, 7]")
+    _shape_error(lambda: L.split(x, [2], dim=2), "axis 2 is out of range")
+
+
+def test_slice_infers_clamped_sizes():
+    x = L.data("x", [-1, 5, 6], "float32")
+    assert L.slice(x, [1, 2], [-2, 1], [100, -1]).shape == (-1, 2, 4)
+    assert L.slice(x, [0], [1], [3]).shape == (-1, 5, 6)
+    assert L.slice(x, [-1], [4], [2]).shape == (-1, 5, 0)
+    with pytest.raises(AttrError, match="differ in length"):
+        L.slice(x, [1], [0, 1], [2])
+
+
+def test_lookup_table_errors():
+    ids = L.data("ids", [-1, 1], "int64")
+    out = L.embedding(ids, [10, 4])
+    assert out.shape == (-1, 4)
+    with pytest.raises(DTypeError, match="integer"):
+        L.embedding(L.data("f", [-1, 1], "float32"), [10, 4])
+    with pytest.raises(AttrError, match="padding_idx 10"):
+        L.embedding(ids, [10, 4], padding_idx=10)
+    exe = nf.Executor()
+    scope = nf.Scope()
+    exe.run(nf.default_startup_program(), scope=scope)
+    with pytest.raises(ExecutionError, match=r"\[12\] outside the table's rows \[0, 10\)"):
+        exe.run(feed={"ids": np.array([[1], [12]])}, fetch_list=[out], scope=scope)
+
+
+def test_cast_and_dropout_attr_errors():
+    x = L.data("x", [2], "float32")
+    assert L.cast(x, np.int32).dtype == "int32"
+    with pytest.raises(AttrError, match="dropout_prob"):
+        L.dropout(x, dropout_prob=1.5)
+
+
+# ---- dropout's randomness ----
+
+
+def _dropout(x, **attrs):
+    return get_op_def("dropout").forward(x, **{"is_test": False, "seed": 0, **attrs})
+
+
+def test_dropout_keeps_about_one_minus_p_and_scales_the_kept():
+    x = np.ones((200, 50))
+    out, mask = _dropout(x, dropout_prob=0.3)
+    assert mask.dtype == np.uint8
+    assert abs(mask.mean() - 0.7) < 0.02
+    np.testing.assert_allclose(out, mask / 0.7)
+
+
+def test_dropout_seed_fixes_the_mask_and_seed_zero_follows_nf_seed():
+    x = np.ones((10, 10))
+    a, b = _dropout(x, dropout_prob=0.5, seed=7), _dropout(x, dropout_prob=0.5, seed=7)
+    np.testing.assert_array_equal(a[1], b[1])
+    nf.seed(3)
+    c = _dropout(x, dropout_prob=0.5)[1]
+    d = _dropout(x, dropout_prob=0.5)[1]
+    nf.seed(3)
+    np.testing.assert_array_equal(_dropout(x, dropout_prob=0.5)[1], c)
+    assert not np.array_equal(c, d)
+
+
+def test_dropout_of_everything_is_zeros_without_dividing_by_zero():
+    x = np.full((3, 4), 2.0)
+    with np.errstate(all="raise"):
+        out, mask = _dropout(x, dropout_prob=1.0)
+        (grad,) = get_op_def("dropout_grad").forward(
+            x, out, mask, np.ones_like(x), None, dropout_prob=1.0, is_test=False, seed=0
+        )
+    np.testing.assert_array_equal(out, np.zeros_like(x))
+    np.testing.assert_array_equal(mask, np.zeros(x.shape, np.uint8))
+    np.testing.assert_array_equal(grad, np.zeros_like(x))
+
+
+def test_dropout_grad_uses_the_mask():
+    x = np.arange(6.0).reshape(2, 3)
+    mask = np.array([[1, 0, 1], [0, 0, 1]], np.uint8)
+    g = np.full((2, 3), 3.0)
+    (grad,) = get_op_def("dropout_grad").forward(
+        x, x * mask * 2, mask, g, None, dropout_prob=0.5, is_test=False, seed=0
+    )
+    np.testing.assert_array_equal(grad, g * mask * 2)
+
+
+# ---- a gradient op with a missing output gradient (plan regression) ----
+
+
+def test_split_grad_with_one_missing_part_reads_zeros_for_it():
+    """An empty name in a list slot ("" for a part no gradient reached) must read as None,
+    not as whatever variable holds the plan's last slot."""
+    block = nf.default_main_program().global_block()
+    for name, shape in [("x", [4, 2]), ("o0", [2, 2]), ("o1", [2, 2]), ("g0", [2, 2])]:
+        block.create_var(name, shape, "float64")
+    block.create_var("q", [2, 2], "float64")
+    block.create_var("x@GRAD")
+    block.append_op(
+        "split_grad",
+        inputs={"X": ["x"], "Out": ["o0", "o1"], "Out@GRAD": ["g0", ""]},
+        outputs={"X@GRAD": ["x@GRAD"]},
+        attrs={"num": 2, "axis": 0},
+    )
+    # A later op makes "q" (fed with 7s) the plan's last slot.
+    block.append_op("assign", inputs={"X": ["q"]}, outputs={"Out": ["o0"]})
+    feed = {n: np.zeros(s) for n, s in [("x", (4, 2)), ("o0", (2, 2)), ("o1", (2, 2))]}
+    feed.update(g0=np.ones((2, 2)), q=np.full((2, 2), 7.0))
+    (grad,) = nf.Executor().run(feed=feed, fetch_list=["x@GRAD"], scope=nf.Scope())
+    np.testing.assert_array_equal(grad, np.vstack([np.ones((2, 2)), np.zeros((2, 2))]))
