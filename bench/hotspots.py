@@ -40,6 +40,12 @@ def w3() -> Callable[[], object]:
     return w3_rnn.make_nestflow_step(*w3_rnn.data())
 
 
+def w3f() -> Callable[[], object]:
+    import w3_rnn
+
+    return w3_rnn.make_nestflow_step(*w3_rnn.data(), train=False)
+
+
 def w4() -> Callable[[], object]:
     import w4_ifelse
 
@@ -58,7 +64,14 @@ def w5() -> Callable[[], object]:
     return lambda: exe.run(main, feed=feed, fetch_list=[out], scope=scope)
 
 
-WORKLOADS = {"w1": (w1, 300), "w2": (w2, 300), "w3": (w3, 100), "w4": (w4, 1000), "w5": (w5, 50000)}
+WORKLOADS = {
+    "w1": (w1, 300),
+    "w2": (w2, 300),
+    "w3": (w3, 100),
+    "w3f": (w3f, 200),
+    "w4": (w4, 1000),
+    "w5": (w5, 50000),
+}
 
 
 def main() -> None:

@@ -48,16 +48,26 @@ def calls_per_round(fn: Callable[[], Any], budget_s: float) -> int:
     return max(1, int(budget_s / max(once, 1e-9)))
 
 
+# OpenBLAS worker threads (NumPy, nestflow) busy-wait for about 2**28 cycles after a BLAS call
+# and torch's OpenMP workers spin too; on 2 cores a contender timed right after another one
+# shares the CPU with those spinning threads (measured on W4: PyTorch 0.15 ms after a pause,
+# 0.22-2.5 ms right after NumPy). Each timed batch therefore starts after a pause that lets the
+# previous contender's threads go to sleep.
+SETTLE_S = 0.2
+
+
 def interleaved(
     cases: dict[str, Callable[[], Any]],
     rounds: int = ROUNDS,
     budget_s: float = 0.05,
     warmup: int = 2,
+    settle_s: float = SETTLE_S,
 ) -> dict[str, float]:
     """Median seconds per call of each case, rounds alternating between the cases.
 
     Each round calls a case `n` times back to back (n chosen so one round takes ~budget_s) and
-    records the mean; the result is the median of those means over `rounds` rounds.
+    records the mean; the result is the median of those means over `rounds` rounds. Every
+    batch starts `settle_s` after the previous one ended (see SETTLE_S).
     """
     for fn in cases.values():
         for _ in range(warmup):
@@ -69,6 +79,7 @@ def interleaved(
         for name, fn in cases.items():
             n = numbers[name]
             gc.collect()
+            time.sleep(settle_s)
             start = clock()
             for _ in range(n):
                 fn()

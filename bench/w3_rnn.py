@@ -26,7 +26,9 @@ def data(seed: int = 0):
     return xs, wx, wh
 
 
-def make_nestflow_step(xs, wx, wh) -> Callable[[], float]:
+def make_nestflow_step(xs, wx, wh, train: bool = True) -> Callable[[], object]:
+    """The train step (returns the loss), or with train=False the forward alone (returns the
+    stacked outputs)."""
     import nestflow as nf
 
     main, startup = nf.Program(), nf.Program()
@@ -45,20 +47,81 @@ def make_nestflow_step(xs, wx, wh) -> Callable[[], float]:
             rnn.output(act)
         out = rnn()
         out = out[0] if isinstance(out, list | tuple) else out
-        loss = nf.layers.mean(out)
-        nf.optimizer.SGD(learning_rate=LR).minimize(loss)
+        if train:
+            loss = nf.layers.mean(out)
+            nf.optimizer.SGD(learning_rate=LR).minimize(loss)
     exe = nf.Executor(nf.CPUPlace())
     scope = nf.Scope()
     exe.run(startup, scope=scope)
     for name, value in (("rnn.wx", wx), ("rnn.wh", wh)):
         scope.find_var(name).get(nf.Tensor).set(value.copy())
     feed = {"x": xs}
+    if not train:
+        return lambda: exe.run(main, feed=feed, fetch_list=[out], scope=scope)[0]
 
     def step() -> float:
         (value,) = exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
         return float(value)
 
     return step
+
+
+def make_numpy_forward(xs, wx, wh) -> Callable[[], np.ndarray]:
+    x_flat = np.ascontiguousarray(xs.transpose(1, 0, 2)).reshape(T * BATCH, N_IN)
+
+    def forward() -> np.ndarray:
+        xw = (x_flat @ wx).reshape(T, BATCH, N_HID)
+        out = np.empty((BATCH, T, N_HID), "float32")
+        h = np.zeros((BATCH, N_HID), "float32")
+        for t in range(T):
+            h = out[:, t] = np.tanh(xw[t] + h @ wh)
+        return out
+
+    return forward
+
+
+def make_torch_forward(xs, wx, wh, torch) -> Callable[[], np.ndarray]:
+    w_x, w_h, tx = torch.from_numpy(wx), torch.from_numpy(wh), torch.from_numpy(xs)
+
+    def forward():
+        with torch.no_grad():
+            h = torch.zeros(BATCH, N_HID)
+            outs = []
+            for t in range(T):
+                h = torch.tanh(tx[:, t] @ w_x + h @ w_h)
+                outs.append(h)
+            return torch.stack(outs, 1)
+
+    return forward
+
+
+def forward_row(xs, wx, wh, torch, rounds: int, notes: list[str]) -> dict:
+    """The forward pass alone (no gradient), to tell forward from backward costs apart."""
+    cases = {"numpy": make_numpy_forward(xs, wx, wh)}
+    if torch is not None:
+        cases["torch"] = make_torch_forward(xs, wx, wh, torch)
+    outputs = {name: np.asarray(fn()) for name, fn in cases.items()}
+    nf_entry = None
+    try:
+        nf_forward = make_nestflow_step(xs, wx, wh, train=False)
+        outputs["nestflow"] = np.asarray(nf_forward())
+        cases["nestflow"] = nf_forward
+    except Exception as exc:
+        nf_entry = unavailable(exc)
+    for name, value in outputs.items():
+        if value.shape != outputs["numpy"].shape or not np.allclose(
+            value, outputs["numpy"], rtol=1e-4, atol=1e-5
+        ):
+            notes.append(f"{name} forward output differs from NumPy's")
+    times = interleaved(cases, rounds=rounds, budget_s=0.1)
+    ms = {name: t * 1e3 for name, t in times.items()}
+    return row(
+        "forward only (no target; for the profile)",
+        "ms",
+        ms.get("nestflow", nf_entry),
+        torch=ms.get("torch", "n/a (torch not installed)"),
+        numpy=ms["numpy"],
+    )
 
 
 def make_numpy_step(xs, wx, wh) -> Callable[[], float]:
@@ -141,7 +204,8 @@ def run(rounds: int = 7) -> dict:
                 torch=ms.get("torch", "n/a (torch not installed)"),
                 numpy=ms["numpy"],
                 targets=[("torch", 1.0)],
-            )
+            ),
+            forward_row(xs, wx, wh, torch, rounds, notes),
         ],
         "notes": notes,
     }
