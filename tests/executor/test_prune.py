@@ -151,3 +151,37 @@ def test_prune_keeps_op_with_sub_block_and_what_the_sub_block_reads():
     # Pruning to something else drops the owner op and empties its block.
     smaller = nf.prune(main, [other])
     assert op_types(smaller) == ["scale"] and smaller.block(sub.idx).ops == []
+
+
+def test_prune_through_ifelse_keeps_both_branches_and_their_outer_reads():
+    x = nf.minibatch([10, 20, 30])
+    y = nf.var(1)
+    z = nf.minibatch([10, 20, 30])
+    cond = nf.layers.greater_than(x, 15)
+    ie = nf.ifelse()
+    with ie.true_block():
+        d = nf.layers.add_scalar(x, y)
+        ie.output(d, nf.layers.softmax(d))
+    with ie.false_block():
+        d = nf.layers.fc(z, size=1)
+        ie.output(d, d + 1)
+    o1, _ = ie(cond)
+    nf.layers.scale(x, 3.0)  # needed by nobody
+    main = nf.default_main_program()
+    small = nf.prune(main, [o1])
+    assert op_types(small) == [
+        "assign_value",
+        "assign_value",
+        "assign_value",
+        "fill_constant",
+        "greater_than",
+        "ifelse",
+    ]
+    assert op_types(small, 1) == ["elementwise_add", "softmax"]
+    assert op_types(small, 2) == ["mul", "elementwise_add", "scale"]
+    scope = nf.Scope()
+    exe = nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    (want,) = exe.run(main, fetch_list=[o1], scope=scope)
+    (got,) = exe.run(small, fetch_list=[o1], scope=scope)
+    np.testing.assert_array_equal(got, want)
