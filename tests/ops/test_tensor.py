@@ -2,14 +2,271 @@
 
 from __future__ import annotations
 
+import builtins
+
 import numpy as np
 import pytest
 
 import nestflow as nf
 from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
 from nestflow.ops.registry import get_op_def
+from tests.ops.harness import OpCase, case_id
 
 L = nf.layers
+
+R = np.random.default_rng(42)
+
+
+def rand(*shape, dtype="float32"):
+    return R.standard_normal(shape).astype(dtype)
+
+
+def _dropout_ref(X, dropout_prob=0.5, is_test=False, seed=0):
+    """A fixed seed draws the keep mask from np.random.default_rng(seed) (uniform >= p)."""
+    if is_test:
+        return {"Out": X, "Mask": np.ones(X.shape, np.uint8)}
+    mask = (np.random.default_rng(seed).random(X.shape) >= dropout_prob).astype(np.uint8)
+    return {"Out": (X * mask / (1 - dropout_prob)).astype(X.dtype), "Mask": mask}
+
+
+def _split_ref(X, num=0, sections=(), axis=-1):
+    if num:
+        return {"Out": np.split(X, num, axis=axis)}
+    sizes = list(sections)
+    if -1 in sizes:
+        sizes[sizes.index(-1)] = X.shape[axis] - (sum(sizes) + 1)
+    return {"Out": np.split(X, np.cumsum(sizes)[:-1], axis=axis)}
+
+
+def _slice_ref(Input, axes, starts, ends):
+    index = [builtins.slice(None)] * Input.ndim
+    for ax, s, e in zip(axes, starts, ends):
+        index[ax] = builtins.slice(s, e)
+    return {"Out": Input[tuple(index)]}
+
+
+def _lookup_ref(W, Ids, padding_idx=-1):
+    ids = Ids[..., 0] if Ids.ndim >= 2 and Ids.shape[-1] == 1 else Ids
+    out = W[ids]
+    out[ids == padding_idx] = 0
+    return {"Out": out}
+
+
+X234 = rand(2, 3, 4)
+IDS = np.array([[1], [3], [1], [0], [3]], np.int64)  # repeated ids accumulate gradients
+
+CASES = [
+    OpCase("assign", {"X": X234}, lambda X: {"Out": X}, grad=("X",)),
+    OpCase("assign", {"X": rand(0, 3)}, lambda X: {"Out": X}, id="assign-empty"),
+    OpCase("assign", {"X": np.array([1, 2], np.int32)}, lambda X: {"Out": X}, id="assign-int"),
+    OpCase(
+        "cast",
+        {"X": rand(3, 2)},
+        lambda X, out_dtype: {"Out": X.astype(out_dtype)},
+        {"out_dtype": "float64"},
+        grad=("X",),
+        id="cast-float32-float64",
+    ),
+    OpCase(
+        "cast",
+        {"X": np.array([-1.7, 0.2, 2.9], np.float32)},
+        lambda X, out_dtype: {"Out": X.astype(out_dtype)},
+        {"out_dtype": "int64"},
+        id="cast-float-int",
+    ),
+    OpCase(
+        "cast",
+        {"X": np.array([True, False])},
+        lambda X, out_dtype: {"Out": X.astype(out_dtype)},
+        {"out_dtype": "float32"},
+        id="cast-bool-float",
+    ),
+    OpCase(
+        "reshape",
+        {"X": X234},
+        lambda X, shape: {"Out": X.reshape(2, 12)},
+        {"shape": [0, -1]},
+        grad=("X",),
+        id="reshape-copy-and-infer",
+    ),
+    OpCase(
+        "reshape",
+        {"X": X234},
+        lambda X, shape: {"Out": X.reshape(4, 1, 6)},
+        {"shape": [4, 1, -1]},
+        id="reshape-size-1-dim",
+    ),
+    OpCase(
+        "reshape",
+        {"X": rand(0, 4)},
+        lambda X, shape: {"Out": X.reshape(0, 2, 2)},
+        {"shape": [0, 2, 2]},
+        id="reshape-empty",
+    ),
+    OpCase(
+        "reshape",
+        {"X": rand(1, 1)},
+        lambda X, shape: {"Out": X.reshape(())},
+        {"shape": []},
+        id="reshape-to-0d",
+    ),
+    OpCase(
+        "transpose",
+        {"X": X234},
+        lambda X, axis: {"Out": X.transpose(axis)},
+        {"axis": [2, 0, 1]},
+        grad=("X",),
+    ),
+    OpCase(
+        "transpose",
+        {"X": X234},
+        lambda X, axis: {"Out": X.transpose(1, 0, 2)},
+        {"axis": [-2, 0, -1]},
+        id="transpose-negative-axes",
+    ),
+    OpCase(
+        "transpose",
+        {"X": rand(0, 3)},
+        lambda X, axis: {"Out": X.T},
+        {"axis": [1, 0]},
+        id="transpose-empty",
+    ),
+    OpCase(
+        "concat",
+        {"X": [rand(2, 1), rand(2, 3), rand(2, 2)]},
+        lambda X, axis: {"Out": np.concatenate(X, axis=1)},
+        {"axis": 1},
+        grad=("X",),
+    ),
+    OpCase(
+        "concat",
+        {"X": [rand(2, 3), rand(0, 3), rand(1, 3)]},
+        lambda X, axis: {"Out": np.concatenate(X, axis=0)},
+        {"axis": -2},
+        grad=("X",),
+        id="concat-negative-axis-empty-part",
+    ),
+    OpCase(
+        "split",
+        {"X": rand(2, 6)},
+        _split_ref,
+        {"num": 3, "axis": 1},
+        grad=("X",),
+        id="split-num",
+    ),
+    OpCase(
+        "split",
+        {"X": rand(7, 2)},
+        _split_ref,
+        {"sections": [2, -1, 0, 1], "axis": -2},
+        grad=("X",),
+        id="split-sections-with-rest-and-empty",
+    ),
+    OpCase(
+        "slice",
+        {"Input": X234},
+        _slice_ref,
+        {"axes": [1, 2], "starts": [-2, 1], "ends": [100, -1]},
+        grad=("Input",),
+        id="slice-negative-and-clamped",
+    ),
+    OpCase(
+        "slice",
+        {"Input": X234},
+        _slice_ref,
+        {"axes": [-1], "starts": [3], "ends": [1]},
+        id="slice-empty-result",
+    ),
+    OpCase(
+        "slice",
+        {"Input": X234},
+        _slice_ref,
+        {"axes": [0], "starts": [-100], "ends": [1]},
+        id="slice-start-before-begin",
+    ),
+    OpCase(
+        "lookup_table",
+        {"W": rand(4, 3), "Ids": IDS},
+        _lookup_ref,
+        grad=("W",),
+        id="lookup-ids-column",
+    ),
+    OpCase(
+        "lookup_table",
+        {"W": rand(5, 2), "Ids": np.array([[0, 4, 2], [2, 2, 1]], np.int64)},
+        _lookup_ref,
+        {"padding_idx": 2},
+        grad=("W",),
+        id="lookup-2d-ids-padding",
+    ),
+    OpCase(
+        "lookup_table",
+        {"W": rand(3, 2), "Ids": np.zeros((0,), np.int64)},
+        _lookup_ref,
+        id="lookup-no-ids",
+    ),
+    OpCase(
+        "dropout",
+        {"X": rand(3, 4)},
+        _dropout_ref,
+        {"dropout_prob": 0.4, "seed": 11},
+        grad=("X",),
+        id="dropout-train-seeded",
+    ),
+    OpCase(
+        "dropout",
+        {"X": rand(3, 4)},
+        _dropout_ref,
+        {"dropout_prob": 0.4, "is_test": True},
+        grad=("X",),
+        id="dropout-test-identity",
+    ),
+    OpCase(
+        "dropout",
+        {"X": rand(2, 0)},
+        _dropout_ref,
+        {"dropout_prob": 0.5, "seed": 3},
+        id="dropout-empty",
+    ),
+    OpCase(
+        "increment",
+        {"X": np.array([3], np.int64)},
+        lambda X, step: {"Out": X + 2},
+        {"step": 2.0},
+        id="increment-int",
+    ),
+    OpCase(
+        "increment",
+        {"X": np.array([0.5], np.float32)},
+        lambda X, step: {"Out": X - np.float32(1.5)},
+        {"step": -1.5},
+        id="increment-float",
+    ),
+    OpCase("fill_zeros_like", {"X": X234}, lambda X: {"Out": np.zeros_like(X)}),
+    OpCase(
+        "fill_any_like",
+        {"X": np.zeros((2, 1), np.float32)},
+        lambda X, value, dtype: {"Out": np.full((2, 1), 7, np.int32)},
+        {"value": 7.0, "dtype": "int32"},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_op(case):
+    case.check()
+
+
+def test_cast_gradient_returns_to_the_input_dtype():
+    x = np.array([1.0, 2.0], np.float32)
+    (grad,) = get_op_def("cast_grad").forward(
+        x, x.astype(np.float64), np.ones(2), out_dtype="float64"
+    )
+    assert grad.dtype == np.float32
+    (none,) = get_op_def("cast_grad").forward(
+        np.array([1, 2]), x, np.ones(2, np.float32), out_dtype="float32"
+    )
+    assert none is None
 
 
 # ---- build-time shape inference and errors ----
