@@ -8,8 +8,89 @@ import pytest
 import nestflow as nf
 from nestflow.errors import DTypeError, ShapeError
 from nestflow.ops.registry import get_op_def
+from tests.ops.harness import OpCase, case_id
 
 L = nf.layers
+
+R = np.random.default_rng(3)
+
+
+def ints(*shape):
+    return R.integers(-2, 3, size=shape).astype(np.float32)
+
+
+def bools(*shape):
+    return R.integers(0, 2, size=shape).astype(bool)
+
+
+COMPARE = {
+    "greater_than": np.greater,
+    "less_than": np.less,
+    "greater_equal": np.greater_equal,
+    "less_equal": np.less_equal,
+    "equal": np.equal,
+    "not_equal": np.not_equal,
+}
+
+
+def _compare_ref(fn):
+    def reference(X, Y, axis=-1):
+        if axis >= 0 and Y.ndim < X.ndim:
+            Y = Y.reshape(Y.shape + (1,) * (X.ndim - axis - Y.ndim))
+        return {"Out": fn(X, Y)}
+
+    return reference
+
+
+# Small integer-valued floats, so equal and not_equal see both outcomes.
+COMPARE_INPUTS = [
+    ("same-shape", {"X": ints(3, 4), "Y": ints(3, 4)}, {}),
+    ("broadcast-trailing", {"X": ints(2, 3, 4), "Y": ints(4)}, {}),
+    ("broadcast-both", {"X": ints(3, 1), "Y": ints(1, 4)}, {}),
+    ("axis-1", {"X": ints(2, 3, 4), "Y": ints(3)}, {"axis": 1}),
+    ("scalar-y", {"X": ints(5), "Y": np.array([0.0], np.float32)}, {}),
+    ("empty", {"X": ints(0, 3), "Y": ints(3)}, {}),
+    ("int64", {"X": np.array([1, 5, -3]), "Y": np.array([1, 2, 3])}, {}),
+]
+
+LOGICAL = {
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+    "logical_xor": np.logical_xor,
+}
+LOGICAL_INPUTS = [
+    ("same-shape", {"X": bools(3, 4), "Y": bools(3, 4)}),
+    ("broadcast", {"X": bools(2, 1, 3), "Y": bools(4, 1)}),
+    ("empty", {"X": bools(0, 2), "Y": bools(2)}),
+]
+
+CASES = (
+    [
+        OpCase(op, inputs, _compare_ref(fn), attrs, id=f"{op}-{name}")
+        for op, fn in COMPARE.items()
+        for name, inputs, attrs in COMPARE_INPUTS
+    ]
+    + [
+        OpCase(op, inputs, lambda X, Y, fn=fn: {"Out": fn(X, Y)}, id=f"{op}-{name}")
+        for op, fn in LOGICAL.items()
+        for name, inputs in LOGICAL_INPUTS
+    ]
+    + [
+        OpCase("logical_not", {"X": bools(3, 2)}, lambda X: {"Out": ~X}),
+        OpCase("logical_not", {"X": bools(0)}, lambda X: {"Out": ~X}, id="logical_not-empty"),
+        OpCase(
+            "logical_not",
+            {"X": np.array([0.0, 2.5], np.float32)},
+            lambda X: {"Out": X == 0},
+            id="logical_not-float-truthiness",
+        ),
+    ]
+)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_op(case):
+    case.check()
 
 
 def test_comparison_with_a_number_runs_the_seed_condition():
