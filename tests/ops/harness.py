@@ -36,7 +36,7 @@ Arrays = dict[str, "np.ndarray | list[np.ndarray]"]
 GRAD_CHECKED: set[str] = set()
 
 
-@dataclass
+@dataclass(eq=False)  # cases hold arrays: compare them by identity
 class OpCase:
     """One op, its inputs, attributes and NumPy reference: a forward and gradient check."""
 
