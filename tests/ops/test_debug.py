@@ -10,8 +10,34 @@ import nestflow as nf
 from nestflow.errors import AttrError
 from nestflow.ops.debug import format_value
 from nestflow.ops.registry import get_op_def
+from tests.ops.harness import OpCase, case_id
 
 L = nf.layers
+
+R = np.random.default_rng(5)
+
+CASES = [
+    OpCase(
+        "print",
+        {"In": R.standard_normal((2, 3))},
+        lambda In, **attrs: {"Out": In},
+        {"message": "m", "print_phase": phase},
+        grad=("In",),
+        id=f"print-{phase}",
+    )
+    for phase in ("forward", "backward", "both")
+] + [
+    OpCase("print", {"In": np.zeros((0, 4), np.int32)}, lambda In: {"Out": In}, id="print-empty"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_op(case, capsys):
+    case.check()
+    printed = capsys.readouterr().out
+    phase = case.attrs.get("print_phase", "both")
+    assert ("Variable: in_In\n" in printed) is (phase != "backward")
+    assert ("Variable: out_Out@GRAD\n" in printed) is (bool(case.grad) and phase != "forward")
 
 
 def _run(fetch, feed):
