@@ -1,10 +1,13 @@
-"""Activations: relu, sigmoid, tanh, softmax."""
+"""Activations: relu, sigmoid, tanh, softmax.
+
+NumPy ufuncs return scalars for 0-d arrays, hence the np.asarray around elementwise results.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from nestflow.ops.registry import register_op, same_as
+from nestflow.ops.registry import fail, register_op, same_as
 
 
 @register_op
@@ -15,10 +18,10 @@ class relu:
     infer = same_as(0)
 
     def forward(X):
-        return np.maximum(X, 0)
+        return np.asarray(np.maximum(X, 0))
 
     def backward(X, Out, Out_grad):
-        return (Out_grad * (Out > 0),)
+        return (np.asarray(Out_grad * (Out > 0)),)
 
 
 @register_op
@@ -30,10 +33,10 @@ class sigmoid:
 
     def forward(X):
         # tanh form: no overflow warning for large |X|, same value as 1/(1+exp(-X)).
-        return (np.tanh(X * 0.5) + 1) * np.asarray(0.5, X.dtype)
+        return np.asarray((np.tanh(X * 0.5) + 1) * np.asarray(0.5, X.dtype))
 
     def backward(X, Out, Out_grad):
-        return (Out_grad * Out * (1 - Out),)
+        return (np.asarray(Out_grad * Out * (1 - Out)),)
 
 
 @register_op
@@ -44,10 +47,10 @@ class tanh:
     infer = same_as(0)
 
     def forward(X):
-        return np.tanh(X)
+        return np.asarray(np.tanh(X))
 
     def backward(X, Out, Out_grad):
-        return (Out_grad * (1 - Out * Out),)
+        return (np.asarray(Out_grad * (1 - Out * Out)),)
 
 
 @register_op
@@ -56,7 +59,11 @@ class softmax:
 
     inputs, outputs = ("X",), ("Out",)
     attrs = {"axis": -1}
-    infer = same_as(0)
+
+    def infer(X, axis):
+        if X.ndim and not -X.ndim <= axis < X.ndim:  # rank 0: not known yet (a Net's var)
+            fail(f"axis {axis} is out of range for X {list(X.shape)}")
+        return X
 
     def forward(X, axis):
         shifted = np.exp(X - X.max(axis=axis, keepdims=True)) if X.size else X.copy()

@@ -1,9 +1,10 @@
-"""Arithmetic ops: elementwise binary ops with broadcasting, scale, matmul/mul, sum."""
+"""Arithmetic ops: elementwise binary ops with broadcasting, scale, square, matmul/mul, sum."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from nestflow.errors import DTypeError
 from nestflow.ops.registry import VarInfo, broadcast_shapes, fail, register_op, same_as
 
 
@@ -17,18 +18,19 @@ def align_y(x_ndim: int, y: np.ndarray, axis: int) -> np.ndarray:
 
 def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """Sum `grad` over the dims broadcasting added or stretched, giving an array of `shape`."""
-    if grad.shape == shape:
-        return grad
-    extra = grad.ndim - len(shape)
-    axes = tuple(range(extra)) + tuple(
-        i + extra for i, d in enumerate(shape) if d == 1 and grad.shape[i + extra] != 1
-    )
-    return grad.sum(axis=axes, keepdims=True).reshape(shape) if axes else grad.reshape(shape)
+    if grad.shape != shape:
+        extra = grad.ndim - len(shape)
+        axes = tuple(range(extra)) + tuple(
+            i + extra for i, d in enumerate(shape) if d == 1 and grad.shape[i + extra] != 1
+        )
+        grad = (grad.sum(axis=axes, keepdims=True) if axes else grad).reshape(shape)
+    # NumPy turns 0-d results into scalars; kernels must hand back arrays.
+    return np.asarray(grad)
 
 
 def _infer_binary(X: VarInfo, Y: VarInfo, axis: int) -> VarInfo:
     if X.dtype != Y.dtype:
-        fail(f"X is {X.dtype} but Y is {Y.dtype}; cast one of them")
+        raise DTypeError(f"X is {X.dtype} but Y is {Y.dtype}; cast one of them")
     y_shape = Y.shape
     if 0 <= axis and len(Y.shape) < len(X.shape):
         if axis + len(Y.shape) > len(X.shape):
@@ -46,12 +48,11 @@ class elementwise_add:
     infer = _infer_binary
 
     def forward(X, Y, axis):
-        return X + align_y(X.ndim, Y, axis)
+        return np.asarray(X + align_y(X.ndim, Y, axis))
 
     def backward(X, Y, Out, Out_grad, axis):
-        return unbroadcast(Out_grad, X.shape), unbroadcast(
-            Out_grad, align_y(X.ndim, Y, axis).shape
-        ).reshape(Y.shape)
+        y_shape = align_y(X.ndim, Y, axis).shape
+        return unbroadcast(Out_grad, X.shape), unbroadcast(Out_grad, y_shape).reshape(Y.shape)
 
 
 @register_op
@@ -63,11 +64,11 @@ class elementwise_sub:
     infer = _infer_binary
 
     def forward(X, Y, axis):
-        return X - align_y(X.ndim, Y, axis)
+        return np.asarray(X - align_y(X.ndim, Y, axis))
 
     def backward(X, Y, Out, Out_grad, axis):
         y_shape = align_y(X.ndim, Y, axis).shape
-        return unbroadcast(Out_grad, X.shape), -unbroadcast(Out_grad, y_shape).reshape(Y.shape)
+        return unbroadcast(Out_grad, X.shape), unbroadcast(-Out_grad, y_shape).reshape(Y.shape)
 
 
 @register_op
@@ -79,7 +80,7 @@ class elementwise_mul:
     infer = _infer_binary
 
     def forward(X, Y, axis):
-        return X * align_y(X.ndim, Y, axis)
+        return np.asarray(X * align_y(X.ndim, Y, axis))
 
     def backward(X, Y, Out, Out_grad, axis):
         y = align_y(X.ndim, Y, axis)
@@ -98,7 +99,7 @@ class elementwise_div:
     infer = _infer_binary
 
     def forward(X, Y, axis):
-        return X / align_y(X.ndim, Y, axis)
+        return np.asarray(X / align_y(X.ndim, Y, axis))
 
     def backward(X, Y, Out, Out_grad, axis):
         y = align_y(X.ndim, Y, axis)
@@ -118,21 +119,36 @@ class scale:
 
     def forward(X, scale, bias, bias_after_scale):
         out = X * scale + bias if bias_after_scale else (X + bias) * scale
-        return out.astype(X.dtype, copy=False)
+        return np.asarray(out, X.dtype)
 
     def backward(X, Out, Out_grad, scale, bias, bias_after_scale):
-        return ((Out_grad * scale).astype(X.dtype, copy=False),)
+        return (np.asarray(Out_grad * scale, X.dtype),)
+
+
+@register_op
+class square:
+    """Out = X * X."""
+
+    inputs, outputs = ("X",), ("Out",)
+    infer = same_as(0)
+
+    def forward(X):
+        return np.asarray(np.square(X))
+
+    def backward(X, Out, Out_grad):
+        return (np.asarray(Out_grad * (X + X)),)
 
 
 def _matmul_shapes(x, y, transpose_X, transpose_Y):
+    """Both shapes in >= 2-D form, transposed; a 1-D operand is never transposed."""
+    if transpose_X and len(x) > 1:
+        x = x[:-2] + (x[-1], x[-2])
+    if transpose_Y and len(y) > 1:
+        y = y[:-2] + (y[-1], y[-2])
     if len(x) == 1:
         x = (1,) + tuple(x)
     if len(y) == 1:
         y = tuple(y) + (1,)
-    if transpose_X:
-        x = x[:-2] + (x[-1], x[-2])
-    if transpose_Y:
-        y = y[:-2] + (y[-1], y[-2])
     return x, y
 
 
@@ -145,7 +161,7 @@ class matmul:
 
     def infer(X, Y, transpose_X, transpose_Y, alpha):
         if X.dtype != Y.dtype:
-            fail(f"X is {X.dtype} but Y is {Y.dtype}")
+            raise DTypeError(f"X is {X.dtype} but Y is {Y.dtype}; cast one of them")
         if not X.shape or not Y.shape:
             fail(f"matmul needs at least 1-D inputs, got {list(X.shape)} and {list(Y.shape)}")
         x, y = _matmul_shapes(X.shape, Y.shape, transpose_X, transpose_Y)
@@ -165,18 +181,20 @@ class matmul:
     def forward(X, Y, transpose_X, transpose_Y, alpha):
         x = np.swapaxes(X, -1, -2) if transpose_X and X.ndim > 1 else X
         y = np.swapaxes(Y, -1, -2) if transpose_Y and Y.ndim > 1 else Y
-        out = np.matmul(x, y)
-        return out * np.asarray(alpha, out.dtype) if alpha != 1.0 else out
+        out = np.asarray(np.matmul(x, y))
+        return np.asarray(out * np.asarray(alpha, out.dtype)) if alpha != 1.0 else out
 
     def backward(X, Y, Out, Out_grad, transpose_X, transpose_Y, alpha, needs=(True, True)):
         # Work in the >= 2-D form, then undo the 1-D promotions and broadcasting.
         x = X.reshape((1,) + X.shape) if X.ndim == 1 else X
         y = Y.reshape(Y.shape + (1,)) if Y.ndim == 1 else Y
         g = Out_grad * np.asarray(alpha, Out_grad.dtype) if alpha != 1.0 else Out_grad
+        if Y.ndim == 1:  # first: for two vectors g is 0-d
+            g = np.expand_dims(g, -1)
         if X.ndim == 1:
             g = np.expand_dims(g, -2)
-        if Y.ndim == 1:
-            g = np.expand_dims(g, -1)
+        transpose_X = transpose_X and X.ndim > 1
+        transpose_Y = transpose_Y and Y.ndim > 1
         xt = np.swapaxes(x, -1, -2) if transpose_X else x
         yt = np.swapaxes(y, -1, -2) if transpose_Y else y
         dx = dy = None
@@ -206,7 +224,17 @@ class mul:
 
     def infer(X, Y, x_num_col_dims, y_num_col_dims):
         if X.dtype != Y.dtype:
-            fail(f"X is {X.dtype} but Y is {Y.dtype}")
+            raise DTypeError(f"X is {X.dtype} but Y is {Y.dtype}; cast one of them")
+        # Rank 0 is how a Net declares a variable whose shape it does not know yet.
+        if (
+            X.ndim
+            and Y.ndim
+            and not (0 < x_num_col_dims <= X.ndim and 0 < y_num_col_dims <= Y.ndim)
+        ):
+            fail(
+                f"x_num_col_dims={x_num_col_dims} / y_num_col_dims={y_num_col_dims} must lie in "
+                f"[1, rank] for X {list(X.shape)} and Y {list(Y.shape)}"
+            )
         x_inner = X.shape[x_num_col_dims:]
         y_inner = Y.shape[:y_num_col_dims]
         if -1 not in x_inner + y_inner and int(np.prod(x_inner)) != int(np.prod(y_inner)):
@@ -218,9 +246,9 @@ class mul:
         return VarInfo(X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:], X.dtype)
 
     def forward(X, Y, x_num_col_dims, y_num_col_dims):
-        x2 = X.reshape(_flat2d(X.shape, x_num_col_dims)) if X.ndim != 2 else X
-        y2 = Y.reshape(_flat2d(Y.shape, y_num_col_dims)) if Y.ndim != 2 else Y
-        out = x2 @ y2
+        out = X.reshape(_flat2d(X.shape, x_num_col_dims)) @ Y.reshape(
+            _flat2d(Y.shape, y_num_col_dims)
+        )
         return out.reshape(X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:])
 
     def backward(X, Y, Out, Out_grad, x_num_col_dims, y_num_col_dims, needs=(True, True)):
@@ -243,6 +271,8 @@ class sum:
             fail("sum needs at least one input")
         shape = X[0].shape
         for other in X[1:]:
+            if other.dtype != X[0].dtype:
+                raise DTypeError(f"inputs of sum differ in dtype: {X[0].dtype} and {other.dtype}")
             shape = broadcast_shapes(shape, other.shape, "inputs of sum")
         return VarInfo(shape, X[0].dtype)
 
@@ -250,7 +280,7 @@ class sum:
         out = X[0]
         for x in X[1:]:
             out = out + x
-        return out if len(X) > 1 else out.copy()
+        return np.asarray(out) if len(X) > 1 else out.copy()
 
     def backward(X, Out, Out_grad):
         return ([unbroadcast(Out_grad, x.shape) for x in X],)
