@@ -6,8 +6,10 @@ from nestflow.ops import (  # noqa: F401  (registers the ops)
     debug,
     ifelse,
     logic,
+    loss,
     math,
     recurrent,
+    reduce,
     tensor,
     while_loop,
 )

@@ -1,0 +1,171 @@
+"""Losses and metrics: cross_entropy, softmax_with_cross_entropy, accuracy.
+
+Labels are class ids (int64, shaped like the scores with the class dim 1 or dropped) or, with
+`soft_label`, distributions shaped like the scores. A hard label equal to `ignore_index` gives
+that row zero loss and zero gradient; any other label outside [0, C) is an ExecutionError.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nestflow.errors import AttrError, DTypeError, ExecutionError
+from nestflow.ops.registry import VarInfo, fail, register_op
+
+
+def _fits(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
+
+
+def _infer_loss_shape(
+    X: VarInfo, Label: VarInfo, soft_label: bool, axis: int, x_slot: str
+) -> tuple[int, ...]:
+    """The loss shape (X's with the class dim 1); ShapeError/DTypeError if Label does not fit."""
+    if X.ndim == 0:  # rank 0: a Net's variable whose shape is not known yet
+        return X.shape
+    if not -X.ndim <= axis < X.ndim:
+        fail(f"{x_slot} {list(X.shape)} has no class axis {axis}")
+    axis %= X.ndim
+    loss_shape = X.shape[:axis] + (1,) + X.shape[axis + 1 :]
+    if soft_label:
+        if Label.dtype != X.dtype:
+            raise DTypeError(
+                f"a soft Label must have {x_slot}'s dtype {X.dtype}, got {Label.dtype}"
+            )
+        if not _fits(Label.shape, X.shape):
+            fail(
+                f"a soft Label must be shaped like {x_slot}: Label {list(Label.shape)} vs "
+                f"{x_slot} {list(X.shape)}"
+            )
+        return loss_shape
+    if Label.dtype != "int64":
+        raise DTypeError(
+            f"Label holds class ids and must be int64, got {Label.dtype} "
+            f"(soft labels need soft_label=True)"
+        )
+    dropped = X.shape[:axis] + X.shape[axis + 1 :]
+    if not (_fits(Label.shape, loss_shape) or _fits(Label.shape, dropped)):
+        fail(
+            f"Label {list(Label.shape)} does not fit {x_slot} {list(X.shape)}: class ids are "
+            f"shaped {list(loss_shape)} (or {list(dropped)})"
+        )
+    return loss_shape
+
+
+def _class_ids(label: np.ndarray, x: np.ndarray, axis: int, ignore_index: int):
+    """(ids, ignored): label with the class axis kept as size 1 and ignored rows set to 0, and
+    the mask of ignored rows. Raises ExecutionError for ids outside [0, C)."""
+    if label.ndim < x.ndim:
+        label = np.expand_dims(label, axis)
+    ignored = label == ignore_index
+    classes = x.shape[axis]
+    bad = ~ignored & ((label < 0) | (label >= classes))
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ExecutionError(
+            f"Label holds {int(label[at])} at {list(at)}, outside the {classes} classes "
+            f"[0, {classes}) (ignore_index={ignore_index})"
+        )
+    return np.where(ignored, 0, label), ignored
+
+
+@register_op
+class cross_entropy:
+    """Y = -log(X[label]) per row for probabilities X [..., C] and int64 labels [..., 1]
+    (or [...]); with soft_label, Y = -sum(Label * log(X)) over the last axis. Y is [..., 1]."""
+
+    inputs, outputs = ("X", "Label"), ("Y",)
+    attrs = {"soft_label": False, "ignore_index": -100}
+    no_grad_inputs = ("Label",)
+
+    def infer(X, Label, soft_label, ignore_index):
+        return VarInfo(_infer_loss_shape(X, Label, soft_label, -1, "X"), X.dtype)
+
+    def forward(X, Label, soft_label, ignore_index):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if soft_label:
+                return -(Label * np.log(X)).sum(axis=-1, keepdims=True)
+            ids, ignored = _class_ids(Label, X, X.ndim - 1, ignore_index)
+            picked = np.take_along_axis(X, ids, axis=-1)
+            return np.where(ignored, X.dtype.type(0), -np.log(picked))
+
+    def backward(X, Label, Y, Y_grad, soft_label, ignore_index):
+        if soft_label:
+            return (-Y_grad * Label / X,)
+        ids, ignored = _class_ids(Label, X, X.ndim - 1, ignore_index)
+        picked = np.take_along_axis(X, ids, axis=-1)
+        dx = np.zeros_like(X)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            np.put_along_axis(dx, ids, np.where(ignored, 0, -Y_grad / picked), axis=-1)
+        return (dx,)
+
+
+@register_op
+class softmax_with_cross_entropy:
+    """Softmax = softmax(Logits, axis); Loss = cross entropy of Softmax against Label, computed
+    from log-softmax so large logits neither overflow nor lose precision. Loss is Logits' shape
+    with the class axis 1. Gradients flow to Logits from both outputs; Label gets none."""
+
+    inputs, outputs = ("Logits", "Label"), ("Softmax", "Loss")
+    attrs = {"soft_label": False, "axis": -1, "ignore_index": -100}
+    no_grad_inputs = ("Label",)
+
+    def infer(Logits, Label, soft_label, axis, ignore_index):
+        loss_shape = _infer_loss_shape(Logits, Label, soft_label, axis, "Logits")
+        return VarInfo(Logits.shape, Logits.dtype), VarInfo(loss_shape, Logits.dtype)
+
+    def forward(Logits, Label, soft_label, axis, ignore_index):
+        axis %= Logits.ndim
+        shifted = Logits - Logits.max(axis=axis, keepdims=True)
+        log_softmax = shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+        if soft_label:
+            loss = -(Label * log_softmax).sum(axis=axis, keepdims=True)
+        else:
+            ids, ignored = _class_ids(Label, Logits, axis, ignore_index)
+            picked = np.take_along_axis(log_softmax, ids, axis=axis)
+            loss = np.where(ignored, Logits.dtype.type(0), -picked)
+        return np.exp(log_softmax), loss
+
+    def backward(
+        Logits, Label, Softmax, Loss, Softmax_grad, Loss_grad, soft_label, axis, ignore_index
+    ):
+        axis %= Logits.ndim
+        grad = np.zeros_like(Logits)
+        if Loss_grad is not None:
+            if soft_label:
+                # Exact for any Label, not only distributions summing to 1.
+                total = Label.sum(axis=axis, keepdims=True)
+                grad += (Softmax * total - Label) * Loss_grad
+            else:
+                ids, ignored = _class_ids(Label, Logits, axis, ignore_index)
+                one_hot = np.zeros_like(Logits)
+                np.put_along_axis(one_hot, ids, 1, axis=axis)
+                grad += (Softmax - one_hot) * np.where(ignored, 0, Loss_grad)
+        if Softmax_grad is not None:
+            inner = (Softmax_grad * Softmax).sum(axis=axis, keepdims=True)
+            grad += Softmax * (Softmax_grad - inner)
+        return (grad,)
+
+
+@register_op
+class accuracy:
+    """Accuracy (float32, 0-d) = the fraction of rows of X [N, C] whose int64 Label [N, 1]
+    (or [N]) is among the row's k highest scores (ties go to the lower class id). An empty
+    batch gives NaN, like the mean of nothing."""
+
+    inputs, outputs = ("X", "Label"), ("Accuracy",)
+    attrs = {"k": 1}
+
+    def infer(X, Label, k):
+        if k < 1:
+            raise AttrError(f"k must be at least 1, got {k}")
+        if X.ndim not in (0, 2):
+            fail(f"X must be scores [N, C], got {list(X.shape)}")
+        _infer_loss_shape(X, Label, False, -1, "X")
+        return VarInfo((), "float32")
+
+    def forward(X, Label, k):
+        top = np.argsort(-X, axis=1, kind="stable")[:, :k]
+        hits = (top == Label.reshape(-1, 1)).any(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.asarray(np.float32(hits.sum()) / np.float32(len(hits)))
