@@ -15,7 +15,16 @@ from nestflow import (
     ops,  # noqa: E402  (registers every operator)
 )
 from nestflow.core import CPUPlace, CUDAPlace, Place, Scope, Tensor, Variable
-from nestflow.executor import Executor, Net, NetBuilder, PlainNet, global_scope, prune
+from nestflow.executor import (
+    Executor,
+    Net,
+    NetBuilder,
+    PlainNet,
+    append_backward,
+    global_scope,
+    gradients,
+    prune,
+)
 from nestflow.executor.recurrent_net import RecurrentNet
 from nestflow.framework import (
     Block,
@@ -59,6 +68,8 @@ __all__ = [
     "Variable",
     "While",
     "add",
+    "append_backward",
+    "gradients",
     "data",
     "default_main_program",
     "default_startup_program",

@@ -280,7 +280,10 @@ class sum:
         out = X[0]
         for x in X[1:]:
             out = out + x
-        return np.asarray(out) if len(X) > 1 else out.copy()
+        if len(X) == 1:
+            return out.copy()
+        # A tensor array's gradient (a list, ArrayGrad) stays a list; 0-d sums become arrays.
+        return out if isinstance(out, list) else np.asarray(out)
 
     def backward(X, Out, Out_grad):
         return ([unbroadcast(Out_grad, x.shape) for x in X],)
