@@ -264,3 +264,101 @@ def test_step_api_outside_the_step_is_an_error():
         rnn.output(x)
     with pytest.raises(ControlFlowError, match="build the step"):
         rnn()
+
+
+# ---- backward through time (float64 central differences) ----
+
+
+def _numeric_grad(loss_of, array: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """d loss / d array by central differences; `loss_of(a)` evaluates with `a` in its place."""
+    grad = np.zeros_like(array)
+    for index in np.ndindex(array.shape):
+        plus, minus = array.copy(), array.copy()
+        plus[index] += eps
+        minus[index] -= eps
+        grad[index] = (loss_of(plus) - loss_of(minus)) / (2 * eps)
+    return grad
+
+
+def _param_loss(exe, program, feed, loss, scope, name):
+    tensor = scope.find_var(name).get(nf.Tensor)
+
+    def loss_of(value):
+        saved = tensor.numpy().copy()
+        tensor.set(value)
+        try:
+            return float(exe.run(program, feed=feed, fetch_list=[loss], scope=scope)[0])
+        finally:
+            tensor.set(saved)
+
+    return loss_of
+
+
+def test_gradients_match_numeric_with_unequal_lengths(rng):
+    """Parameters shared by every step get summed gradients; gradients also reach the input
+    sequence (zero past each row's length) and the memory's initial value."""
+    x, lengths, h0, out, final = _tanh_rnn()
+    x.stop_gradient = False
+    h0.stop_gradient = False
+    r_out = L.data("r_out", [-1, -1, 3], "float64")
+    r_final = L.data("r_final", [-1, 3], "float64")
+    loss = L.reduce_sum(out * r_out) + L.reduce_sum(final * r_final)
+    params_grads = nf.append_backward(loss)
+    assert {p.name for p, _ in params_grads} == {"in.w", "in.b", "rec.w"}
+    main = nf.default_main_program()
+    feed = {
+        "x": rng.normal(size=(3, 4, 2)),
+        "lengths": np.array([4, 1, 2], dtype=np.int64),
+        "h0": rng.normal(size=(3, 3)),
+        "r_out": rng.normal(size=(3, 4, 3)),
+        "r_final": rng.normal(size=(3, 3)),
+    }
+    names = ["in.w", "rec.w", "in.b"]
+    fetched, scope = _run([n + "@GRAD" for n in names] + ["x@GRAD", "h0@GRAD"], feed=feed)
+    exe = nf.Executor()
+    for name, got in zip(names, fetched):
+        value = scope.find_var(name).get(nf.Tensor).numpy().copy()
+        want = _numeric_grad(_param_loss(exe, main, feed, loss, scope, name), value)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+    for key, got in zip(("x", "h0"), fetched[3:]):
+
+        def loss_of(value, key=key):
+            return float(
+                exe.run(main, feed={**feed, key: value}, fetch_list=[loss], scope=scope)[0]
+            )
+
+        np.testing.assert_allclose(got, _numeric_grad(loss_of, feed[key]), rtol=1e-6, atol=1e-8)
+    x_grad = fetched[3]
+    assert not x_grad[1, 1:].any() and not x_grad[2, 2:].any()  # steps past the length
+    assert scope.kids == []
+
+
+def test_seed_program_gradients_match_numeric():
+    """In the seed's step, `a` is both an output and an input of `s`, and `b` is a 0-d value:
+    both gradient paths are summed, W and U get the sum over the three steps."""
+    rnn, h, o1, o2 = _seed_program()
+    loss = L.reduce_sum(o1) + L.reduce_sum(L.scale(o2, 3.0)) + L.reduce_sum(rnn.final_memory(h))
+    params_grads = nf.append_backward(loss)
+    assert len(params_grads) == 2
+    main = nf.default_main_program()
+    fetched, scope = _run([g for _, g in params_grads])
+    exe = nf.Executor()
+    for (param, _), got in zip(params_grads, fetched):
+        value = scope.find_var(param.name).get(nf.Tensor).numpy().astype("float64")
+        want = _numeric_grad(_param_loss(exe, main, {}, loss, scope, param.name), value, 1e-3)
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-4)
+    # By hand for W: d/dW of sum a_t = sum x_t = 60, plus the (small) paths through h.
+    w_grad = fetched[0] if params_grads[0][0].name == "param_0" else fetched[1]
+    assert 60.0 <= float(w_grad[0]) < 61.0
+
+
+def test_memory_by_shape_gradients_reach_parameters(rng):
+    x, lengths, _, out, final = _tanh_rnn(with_init=False)
+    loss = L.reduce_sum(L.square(out)) + L.reduce_sum(final)
+    nf.append_backward(loss)
+    main = nf.default_main_program()
+    feed = {"x": rng.normal(size=(2, 3, 2)), "lengths": np.array([3, 2], dtype=np.int64)}
+    (got,), scope = _run(["rec.w@GRAD"], feed=feed)
+    value = scope.find_var("rec.w").get(nf.Tensor).numpy().copy()
+    want = _numeric_grad(_param_loss(nf.Executor(), main, feed, loss, scope, "rec.w"), value)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
