@@ -362,3 +362,87 @@ def test_memory_by_shape_gradients_reach_parameters(rng):
     value = scope.find_var("rec.w").get(nf.Tensor).numpy().copy()
     want = _numeric_grad(_param_loss(nf.Executor(), main, feed, loss, scope, "rec.w"), value)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+
+
+# ---- nested control flow ----
+
+
+def _loss_of_feed(main, feed, loss, scope, key):
+    exe = nf.Executor()
+
+    def loss_of(value):
+        return float(exe.run(main, feed={**feed, key: value}, fetch_list=[loss], scope=scope)[0])
+
+    return loss_of
+
+
+def _check_w_and_x_grads(loss, feed, extra_fetch):
+    main = nf.default_main_program()
+    (w_grad, x_grad, *rest), scope = _run(["w@GRAD", "x@GRAD", *extra_fetch], feed=feed)
+    w = scope.find_var("w").get(nf.Tensor).numpy().copy()
+    want_w = _numeric_grad(_param_loss(nf.Executor(), main, feed, loss, scope, "w"), w)
+    np.testing.assert_allclose(w_grad, want_w, rtol=1e-6, atol=1e-8)
+    want_x = _numeric_grad(_loss_of_feed(main, feed, loss, scope, "x"), feed["x"])
+    np.testing.assert_allclose(x_grad, want_x, rtol=1e-6, atol=1e-8)
+    assert scope.kids == []
+    return rest
+
+
+def test_ifelse_inside_an_rnn_step_with_gradients(rng):
+    """Each step splits the batch by the sign of x_t: h = tanh(w h + x_t) or sigmoid(w h - x_t)."""
+    x = L.data("x", [-1, -1, 1], "float64")
+    x.stop_gradient = False
+    lengths = L.data("lengths", [-1], "int64")
+    w = L.create_parameter([1], "float64", name="w", initializer=nf.initializer.Constant(0.7))
+    rnn = nf.rnn()
+    with rnn.step():
+        xt = rnn.step_input(x, lengths=lengths)
+        h = rnn.memory(shape=[1], dtype="float64", batch_ref=x)
+        ie = nf.ifelse(L.greater_than(xt, L.fill_constant([1], "float64", 0.0)))
+        with ie.true_block():
+            ie.output(L.tanh(L.elementwise_mul(h, w) + xt))
+        with ie.false_block():
+            ie.output(L.sigmoid(L.elementwise_mul(h, w) - xt))
+        (new,) = ie()
+        rnn.update_memory(h, new)
+        rnn.output(new)
+    out = rnn()
+    loss = L.reduce_sum(L.square(out))
+    nf.append_backward(loss)
+    feed = {"x": rng.normal(size=(3, 4, 1)), "lengths": np.array([4, 2, 3], dtype=np.int64)}
+    (o,) = _check_w_and_x_grads(loss, feed, [out])
+    h_ref, want = np.zeros((3, 1)), np.zeros((3, 4, 1))
+    for t in range(4):
+        xt_ = feed["x"][:, t]
+        new_ = np.where(xt_ > 0, np.tanh(0.7 * h_ref + xt_), 1 / (1 + np.exp(-(0.7 * h_ref - xt_))))
+        active = (feed["lengths"] > t)[:, None]
+        h_ref = np.where(active, new_, h_ref)
+        want[:, t] = np.where(active, new_, 0.0)
+    np.testing.assert_allclose(o, want, rtol=1e-12)
+
+
+def test_rnn_inside_an_ifelse_branch_with_gradients(rng):
+    """Rows where `sel` holds run an RNN over their sequence; the others take w * sum(x)."""
+    x = L.data("x", [-1, -1, 1], "float64")
+    x.stop_gradient = False
+    sel = L.data("sel", [-1, 1], "bool")
+    w = L.create_parameter([1], "float64", name="w", initializer=nf.initializer.Constant(0.7))
+    ie = nf.ifelse(sel)
+    with ie.true_block():
+        rnn = nf.rnn()
+        with rnn.step():
+            xt = rnn.step_input(x)
+            h = rnn.memory(shape=[1], dtype="float64", batch_ref=x)
+            rnn.update_memory(h, L.tanh(L.elementwise_mul(h, w) + xt))
+        ie.output(rnn.final_memory(h))
+    with ie.false_block():
+        ie.output(L.reduce_sum(x, dim=1) * w)
+    (out,) = ie()
+    loss = L.reduce_sum(L.square(out))
+    nf.append_backward(loss)
+    feed = {"x": rng.normal(size=(4, 3, 1)), "sel": np.array([[True], [False], [True], [True]])}
+    (o,) = _check_w_and_x_grads(loss, feed, [out])
+    h_ref = np.zeros((4, 1))
+    for t in range(3):
+        h_ref = np.tanh(0.7 * h_ref + feed["x"][:, t])
+    np.testing.assert_allclose(o, np.where(feed["sel"], h_ref, 0.7 * feed["x"].sum(1)), rtol=1e-12)
