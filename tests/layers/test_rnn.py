@@ -478,3 +478,26 @@ def test_live_scopes_do_not_grow_over_1000_training_steps(rng):
     assert live_scope_count() == before
     assert scope.kids == []
     assert losses[-1] < 0.1 * losses[0]
+
+
+def test_outputs_that_are_the_memory_and_the_step_input_get_their_gradients(rng):
+    """rnn.output(h) stacks each step's previous memory, rnn.output(x_t) the input slices:
+    their output gradients join the gradients flowing through the step."""
+    x = L.data("x", [-1, -1, 2], "float64")
+    x.stop_gradient = False
+    lengths = L.data("lengths", [-1], "int64")
+    rnn = nf.rnn()
+    with rnn.step():
+        xt = rnn.step_input(x, lengths=lengths)
+        h = rnn.memory(shape=[2], value=0.25, dtype="float64")
+        w = L.create_parameter([2], "float64", name="w", initializer=nf.initializer.Constant(0.5))
+        rnn.update_memory(h, L.sigmoid(L.elementwise_mul(h, w) + xt))
+        rnn.output(rnn.previous_memory(h), xt)
+    prev, slices = rnn()
+    loss = L.reduce_sum(L.square(prev)) + L.reduce_sum(L.square(slices) * 0.5)
+    nf.append_backward(loss)
+    feed = {"x": rng.normal(size=(2, 3, 2)), "lengths": np.array([3, 2], dtype=np.int64)}
+    (p, s), _ = _run([prev, slices], feed=feed)
+    np.testing.assert_allclose(p[:, 0], 0.25)
+    np.testing.assert_allclose(s, feed["x"] * (np.arange(3)[None, :, None] < [[[3]], [[2]]]))
+    _check_w_and_x_grads(loss, feed, [])
