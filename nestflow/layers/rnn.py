@@ -106,7 +106,8 @@ class RNN:
 
     Build the step with `with rnn.step():`; inside it use `step_input`, `memory`,
     `previous_memory`, `update_memory` and `output`. `rnn()` returns the stacked outputs (one
-    variable if there is one output, else a list). Each time step runs in its own step scope,
+    variable if there is one output, else a list); `final_memory(h)` gives a memory's value
+    after the last step (per row: at its last step). Each time step runs in its own step scope,
     kept for the backward pass (`recurrent_grad`) and destroyed when the run ends.
     Errors (ControlFlowError): update_memory of a variable that is not a memory of this RNN, a
     memory never updated, an update whose shape or dtype differs from the memory's, a step that
