@@ -13,6 +13,7 @@ from nestflow import (
     io,
     layers,
     ops,  # noqa: E402  (registers every operator)
+    optimizer,
 )
 from nestflow.core import CPUPlace, CUDAPlace, Place, Scope, Tensor, Variable
 from nestflow.executor import (
@@ -86,6 +87,7 @@ __all__ = [
     "layer",
     "layers",
     "ops",
+    "optimizer",
     "program_guard",
     "prune",
     "seed",

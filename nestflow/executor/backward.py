@@ -272,7 +272,9 @@ def _seed_ones(block: Block, target: VarDesc) -> str:
         )
     grad = target.name + GRAD_SUFFIX
     _declare_grad(block, target, grad)
-    if all(d >= 0 for d in target.shape):
+    # A 0-d declared shape may stand for a shape a Net learns only at run time: copy the
+    # value's shape then.
+    if target.shape and all(d >= 0 for d in target.shape):
         attrs = {"shape": list(target.shape), "dtype": target.dtype, "value": 1.0}
         block.append_op("fill_constant", {}, {"Out": [grad]}, attrs, source="")
     else:

@@ -8,6 +8,7 @@ from nestflow.ops import (  # noqa: F401  (registers the ops)
     logic,
     loss,
     math,
+    optimizer,
     recurrent,
     reduce,
     tensor,

@@ -1,0 +1,108 @@
+"""Optimizer update ops: sgd, momentum (optionally Nesterov), adam (bias-corrected).
+
+Each computes the new parameter (and new optimizer state) from the old ones and returns them;
+kernels never write into their inputs. The program names the parameter itself as ParamOut
+(and each state variable as its own ...Out), and since the executor stores persistables back
+only after a whole run succeeded, a failed step leaves parameters and state as they were.
+LearningRate is a variable of one element ([1] or 0-d) so it can be changed between steps.
+The formulas are torch.optim's (SGD with momentum/dampening 0, Adam without amsgrad).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nestflow.errors import DTypeError
+from nestflow.ops.registry import VarInfo, fail, register_op
+
+
+def _check_update(Param: VarInfo, Grad: VarInfo, LearningRate: VarInfo, **state: VarInfo) -> None:
+    if not np.issubdtype(np.dtype(Param.dtype), np.floating):
+        raise DTypeError(f"Param must be floating point, got {Param.dtype}")
+    for name, info in {"Grad": Grad, **state}.items():
+        if info.dtype != Param.dtype:
+            raise DTypeError(f"{name} is {info.dtype} but Param is {Param.dtype}")
+        same = len(info.shape) == len(Param.shape) and all(
+            a == b or -1 in (a, b) for a, b in zip(info.shape, Param.shape)
+        )
+        if not same:
+            fail(f"{name} {list(info.shape)} must have Param's shape {list(Param.shape)}")
+    if all(d >= 0 for d in LearningRate.shape) and int(np.prod(LearningRate.shape)) != 1:
+        fail(f"LearningRate must hold one value ([1] or 0-d), got {list(LearningRate.shape)}")
+
+
+def _scalar(value: np.ndarray, dtype) -> np.ndarray:
+    """A one-element array as a 0-d array of `dtype` (so a 0-d Param stays 0-d)."""
+    return np.asarray(value, dtype=dtype).reshape(())
+
+
+@register_op
+class sgd:
+    """ParamOut = Param - lr * Grad."""
+
+    inputs, outputs = ("Param", "Grad", "LearningRate"), ("ParamOut",)
+
+    def infer(Param, Grad, LearningRate):
+        _check_update(Param, Grad, LearningRate)
+        return Param
+
+    def forward(Param, Grad, LearningRate):
+        return np.asarray(Param - _scalar(LearningRate, Param.dtype) * Grad)
+
+
+@register_op
+class momentum:
+    """VelocityOut = mu * Velocity + Grad; ParamOut = Param - lr * (Grad + mu * VelocityOut)
+    with use_nesterov, else Param - lr * VelocityOut (torch.optim.SGD, dampening 0)."""
+
+    inputs = ("Param", "Grad", "Velocity", "LearningRate")
+    outputs = ("ParamOut", "VelocityOut")
+    attrs = {"mu": 0.9, "use_nesterov": False}
+
+    def infer(Param, Grad, Velocity, LearningRate, mu, use_nesterov):
+        _check_update(Param, Grad, LearningRate, Velocity=Velocity)
+        return Param, Param
+
+    def forward(Param, Grad, Velocity, LearningRate, mu, use_nesterov):
+        dtype = Param.dtype
+        lr, mu = _scalar(LearningRate, dtype), _scalar(mu, dtype)
+        velocity = np.asarray(mu * Velocity + Grad)
+        step = Grad + mu * velocity if use_nesterov else velocity
+        return np.asarray(Param - lr * step), velocity
+
+
+@register_op
+class adam:
+    """Moment1Out = b1*m + (1-b1)*g; Moment2Out = b2*v + (1-b2)*g^2; with Beta1Pow = b1^t,
+    ParamOut = Param - lr/(1-b1^t) * m' / (sqrt(v')/sqrt(1-b2^t) + epsilon) (torch.optim.Adam).
+    Beta1Pow/Beta2Pow start at beta1/beta2 and are multiplied by them each step."""
+
+    inputs = ("Param", "Grad", "LearningRate", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow")
+    outputs = ("ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut", "Beta2PowOut")
+    attrs = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
+
+    def infer(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **_attrs):
+        _check_update(Param, Grad, LearningRate, Moment1=Moment1, Moment2=Moment2)
+        for name, info in (("Beta1Pow", Beta1Pow), ("Beta2Pow", Beta2Pow)):
+            if all(d >= 0 for d in info.shape) and int(np.prod(info.shape)) != 1:
+                fail(f"{name} must hold one value ([1] or 0-d), got {list(info.shape)}")
+        return Param, Moment1, Moment2, Beta1Pow, Beta2Pow
+
+    def forward(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **attrs):
+        beta1, beta2, epsilon = attrs["beta1"], attrs["beta2"], attrs["epsilon"]
+        dtype = Param.dtype
+        m = np.asarray(beta1 * Moment1 + (1.0 - beta1) * Grad, dtype)
+        v = np.asarray(beta2 * Moment2 + (1.0 - beta2) * Grad * Grad, dtype)
+        # Bias corrections in float64 (like torch's Python floats), applied in Param's dtype.
+        correction1 = 1.0 - float(np.asarray(Beta1Pow).reshape(()))
+        correction2 = 1.0 - float(np.asarray(Beta2Pow).reshape(()))
+        step = _scalar(float(np.asarray(LearningRate).reshape(())) / correction1, dtype)
+        denom = np.sqrt(v) / _scalar(np.sqrt(correction2), dtype) + _scalar(epsilon, dtype)
+        param = np.asarray(Param - step * (m / denom), dtype)
+        return (
+            param,
+            m,
+            v,
+            np.asarray(Beta1Pow * beta1, Beta1Pow.dtype),
+            np.asarray(Beta2Pow * beta2, Beta2Pow.dtype),
+        )
