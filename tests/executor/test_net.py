@@ -147,3 +147,104 @@ def test_add_op_accepts_an_op_desc_protobuf_and_desc_round_trips():
         copy.run(scope)
         np.testing.assert_array_equal(get(scope, "c"), [[6.0, 6.0]])
     assert again.ops[0].attr("scale") == 2.0
+
+
+def linear_regression(builder):
+    x = builder.data("x", [-1, 3])
+    y = builder.data("y", [-1, 1])
+    pred = builder.add_op("fc", input=x, size=1, name="lin")
+    diff = builder.add_op("elementwise_sub", pred, y)
+    loss = builder.add_op("mean", builder.add_op("elementwise_mul", diff, diff))
+    return x, y, pred, loss
+
+
+def regression_data(n=16):
+    rng = np.random.default_rng(5)
+    xs = rng.standard_normal((n, 3)).astype("float32")
+    ys = (xs @ np.array([[1.5], [-2.0], [0.5]]) + 0.3).astype("float32")
+    return xs, ys
+
+
+def test_add_backward_ops_leaves_gradients_in_the_scope():
+    builder = nf.NetBuilder(nf.Net.create())
+    _, _, pred, loss = linear_regression(builder)
+    net = builder.net
+    params_grads = net.add_backward_ops(loss)
+    assert sorted(p.name for p, _ in params_grads) == ["lin.b", "lin.w"]
+    scope = nf.Scope()
+    xs, ys = regression_data()
+    put(scope, "x", xs)
+    put(scope, "y", ys)
+    net.run(scope)  # initialises lin.w/lin.b first, then forward + backward
+    residual = get(scope, pred.name) - ys
+    w_grad = dict((p.name, g.name) for p, g in params_grads)["lin.w"]
+    np.testing.assert_allclose(get(scope, w_grad), 2 * xs.T @ residual / len(xs), rtol=1e-5)
+    np.testing.assert_allclose(get(scope, "lin.w@GRAD"), get(scope, w_grad))
+
+
+def test_initialisation_runs_once_per_scope_and_keeps_what_the_scope_holds():
+    builder = nf.NetBuilder(nf.Net.create())
+    linear_regression(builder)
+    xs, ys = regression_data()
+    scope = nf.Scope()
+    put(scope, "lin.w", np.ones((3, 1), "float32"))
+    builder.run(scope, need_backward=False, feed={"x": xs, "y": ys})
+    np.testing.assert_array_equal(get(scope, "lin.w"), np.ones((3, 1)))
+    np.testing.assert_array_equal(get(scope, "lin.b"), np.zeros(1))  # from the startup ops
+
+
+def test_forward_only_run_stops_after_the_last_forward_op():
+    builder = nf.NetBuilder(nf.Net.create())
+    _, _, pred, loss = linear_regression(builder)
+    builder.backward_from(loss)
+    builder.add_optimization(0.1, "sgd")
+    xs, ys = regression_data()
+    scope = nf.Scope()
+    builder.run(scope, feed={"x": xs, "y": ys})  # builds backward + sgd, one step
+    forward_ops = builder.last_forward_op
+    assert len(builder.net) > forward_ops and builder.net.ops[-1].type == "sgd"
+    w = get(scope, "lin.w")
+    builder.run(scope, need_backward=False, feed={"x": xs, "y": ys})
+    np.testing.assert_array_equal(get(scope, "lin.w"), w)  # no update
+    np.testing.assert_allclose(get(scope, pred.name), xs @ w + get(scope, "lin.b"), rtol=1e-6)
+
+
+def test_net_builder_training_lowers_the_loss():
+    builder = nf.NetBuilder(nf.Net.create())
+    _, _, _, loss = linear_regression(builder)
+    builder.backward_from(loss)
+    builder.add_optimization(0.05, "adam")
+    xs, ys = regression_data(32)
+    scope = nf.Scope()
+    builder.run(scope, need_backward=False, feed={"x": xs, "y": ys})
+    first = float(get(scope, loss.name))
+    for _ in range(200):
+        builder.run(scope, feed={"x": xs, "y": ys})
+    builder.run(scope, need_backward=False)
+    last = float(get(scope, loss.name))
+    assert last < first * 0.01
+    np.testing.assert_allclose(get(scope, "lin.w").ravel(), [1.5, -2.0, 0.5], atol=0.05)
+
+
+def test_seed_003_usage_plain_net_with_backward_and_optimizer_ops():
+    # Seed 003: create a net, add ops, AddBackwardOps, AddOptimizerOps, Run(scope).
+    net = nf.Net.create()
+    with net.building():
+        image = nf.data("image", shape=[-1, 4])
+        label = nf.data("label", shape=[-1, 1], dtype="int64")
+        hidden = nf.layers.fc(image, size=8, act="sigmoid")
+        prediction = nf.layers.fc(hidden, size=3, act="softmax")
+        avg_loss = nf.layers.mean(nf.layers.cross_entropy(prediction, label))
+    net.add_backward_ops(avg_loss)
+    net.add_optimizer_ops({"type": "momentum", "learning_rate": 0.5, "momentum": 0.9})
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((30, 4)).astype("float32")
+    labels = (xs[:, :1] > 0).astype("int64") + (xs[:, 1:2] > 0.5).astype("int64")
+    scope = nf.Scope()
+    put(scope, "image", xs)
+    put(scope, "label", labels)
+    losses = []
+    for _ in range(60):
+        net.run(scope)
+        losses.append(float(get(scope, avg_loss.name)))
+    assert losses[-1] < 0.5 * losses[0]
