@@ -68,7 +68,7 @@ def build_model(learning_rate: float = LEARNING_RATE) -> Model:
         hidden = nf.layers.fc(x, size=128, act="relu", name="hidden")
         logits = nf.layers.fc(hidden, size=10, name="logits")
         loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, label))
-        probabilities = nf.layers.softmax(logits)
+        probabilities = nf.layers.softmax(logits, name="probabilities")
         accuracy = nf.layers.accuracy(probabilities, label)
         nf.optimizer.Adam(learning_rate=learning_rate).minimize(loss)
     return Model(main, startup, loss, accuracy, probabilities)

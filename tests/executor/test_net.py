@@ -248,3 +248,10 @@ def test_seed_003_usage_plain_net_with_backward_and_optimizer_ops():
         net.run(scope)
         losses.append(float(get(scope, avg_loss.name)))
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_create_recurrent_gives_a_recurrent_net():
+    from nestflow.executor.recurrent_net import RecurrentNet
+
+    net = nf.Net.create(pb.NetDesc(model_type=pb.NetDesc.RECURRENT))
+    assert isinstance(net, RecurrentNet) and isinstance(net, nf.Net)
