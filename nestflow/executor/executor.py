@@ -19,6 +19,7 @@ from nestflow.core.tensor import Tensor
 from nestflow.errors import FeedError, FetchError, NestflowError, UninitializedError
 from nestflow.executor.plan import BlockPlan, Frame
 from nestflow.framework.program import Block, Program, VarDesc
+from nestflow.ops.random_state import program_generator
 
 _global_scope = Scope()
 
@@ -109,7 +110,8 @@ class Executor:
                     if value is None:
                         raise FeedError(_missing_feed_message(plan, name))
                     env[plan.slot_of[name]] = value
-            frame.run()
+            with program_generator(program):
+                frame.run()
             results = [self._fetch(frame, local, name) for name in fetch_names]
             for slot, name in prepared.persistable_writes:
                 value = env[slot]
