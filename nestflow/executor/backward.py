@@ -83,7 +83,7 @@ class _GradBuilder:
         self.var_of: dict[str, str] = {}  # gradient name -> the forward variable
         self.rename: dict[str, str] = {}  # a lone partial -> the gradient's own name
         self.made: set[str] = set()  # partial names this walk made
-        self.pending: list[GradOpSpec] = []
+        self.pending: list[tuple[GradOpSpec, str]] = []  # with the forward op's source line
         self.counter = 0
         self.op: OpDesc | None = None
         self.out_grad: dict[str, str | None] = {}
@@ -96,6 +96,7 @@ class _GradBuilder:
     ) -> dict[str, str]:
         """Append the gradient ops of `ops` given gradients `seeds` (var -> grad name); returns
         var -> final gradient name for every source that received a gradient."""
+        sources = list(dict.fromkeys(sources))
         self.needs = self._needs_grad(ops, seeds, sources)
         for var, grad in seeds.items():
             self.partials[var] = [grad]
@@ -121,9 +122,10 @@ class _GradBuilder:
                 for name in (n for names in spec.outputs.values() for n in names):
                     if name in self.handed:
                         self.partials.setdefault(self.handed[name], []).append(name)
-                self.pending.append(spec)
+                self.pending.append((spec, op.source))
             self.handed = {}
-        got = {v: self._finish(v) for v in dict.fromkeys(sources) if self.partials.get(v)}
+        self.op = None
+        got = {v: self._finish(v) for v in sources if self.partials.get(v)}
         self._append_pending()
         return got
 
@@ -163,7 +165,8 @@ class _GradBuilder:
         if len(parts) == 1:
             self.rename[parts[0]] = base
         else:
-            self.pending.append(GradOpSpec("sum", {"X": list(parts)}, {"Out": [base]}))
+            source = self.op.source if self.op is not None else ""
+            self.pending.append((GradOpSpec("sum", {"X": list(parts)}, {"Out": [base]}), source))
         return base
 
     def _new_partial(self, var: str) -> str:
@@ -212,14 +215,14 @@ class _GradBuilder:
     # ---- appending ----
     def _append_pending(self) -> None:
         rename = self.rename
-        for spec in self.pending:
+        for spec, source in self.pending:
             inputs = {k: [rename.get(n, n) for n in v] for k, v in spec.inputs.items()}
             outputs = {k: [rename.get(n, n) for n in v] for k, v in spec.outputs.items()}
             for name in (n for names in outputs.values() for n in names if n):
                 var = self.var_of.get(name)
                 if var is not None:
                     _declare_grad(self.gblk, self.fwd.find_var(var), name)
-            self.gblk.append_op(spec.type, inputs, outputs, spec.attrs, source="")
+            self.gblk.append_op(spec.type, inputs, outputs, spec.attrs, source=source)
         self.pending = []
 
 
@@ -276,10 +279,10 @@ def _seed_ones(block: Block, target: VarDesc) -> str:
     # value's shape then.
     if target.shape and all(d >= 0 for d in target.shape):
         attrs = {"shape": list(target.shape), "dtype": target.dtype, "value": 1.0}
-        block.append_op("fill_constant", {}, {"Out": [grad]}, attrs, source="")
+        block.append_op("fill_constant", {}, {"Out": [grad]}, attrs)
     else:
         attrs = {"value": 1.0, "dtype": target.dtype}
-        block.append_op("fill_any_like", {"X": [target.name]}, {"Out": [grad]}, attrs, source="")
+        block.append_op("fill_any_like", {"X": [target.name]}, {"Out": [grad]}, attrs)
     return grad
 
 

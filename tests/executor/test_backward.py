@@ -193,6 +193,19 @@ def test_overwritten_variable_gradient_reaches_its_first_value(rng):
     np.testing.assert_allclose(grad, ((1 - t * t) * xs).sum(axis=0) / 6, rtol=1e-12)
 
 
+def test_gradient_ops_carry_the_forward_op_source_line():
+    x = L.data("x", [-1, 2], "float64")
+    x.stop_gradient = False
+    h = L.tanh(x)
+    loss = L.mean(h)
+    nf.append_backward(loss)
+    ops = nf.default_main_program().global_block().ops
+    tanh, tanh_grad = (next(op for op in ops if op.type == t) for t in ("tanh", "tanh_grad"))
+    assert tanh.source and tanh_grad.source == tanh.source
+    seed = next(op for op in ops if op.output_names() == [loss.name + "@GRAD"])
+    assert "test_backward.py" in seed.source  # the line calling append_backward
+
+
 def test_ops_after_the_loss_are_not_differentiated():
     x = L.data("x", [-1, 2], "float64")
     loss = L.mean(L.fc(x, 1, name="fc"))
