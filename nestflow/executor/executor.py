@@ -111,7 +111,7 @@ class Executor:
                         raise FeedError(_missing_feed_message(plan, name))
                     env[plan.slot_of[name]] = value
             with program_generator(program):
-                frame.run()
+                frame.run(keep=frozenset(fetch_names))
             results = [self._fetch(frame, local, name) for name in fetch_names]
             for slot, name in prepared.persistable_writes:
                 value = env[slot]

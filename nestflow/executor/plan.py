@@ -19,7 +19,7 @@ import numpy as np
 
 from nestflow.errors import ExecutionError, NanInfError, NestflowError
 from nestflow.framework.program import Block, OpDesc
-from nestflow.ops.registry import OpDef, get_op_def
+from nestflow.ops.registry import OpDef, VarInfo, get_op_def
 
 Env = list
 Step = Callable[[Env], None]
@@ -126,21 +126,21 @@ class Frame:
             else:
                 var.set_value(value)
 
-    def run(self) -> None:
-        steps = self.plan.steps
-        env = self.env
+    def run(self, keep: frozenset[str] | None = None) -> None:
+        """Run every op. With `keep` (the names the caller still wants afterwards), big
+        temporaries are released right after their last use."""
         if self.check_nan_inf:
             return self._run_checked()
-        index = 0
+        plan = self.plan
         try:
-            for index, step in enumerate(steps):  # noqa: B007  (index names the failing op)
-                step(env, self)
+            plan.compiled(keep)(self.env, self)
         except NestflowError as exc:
             if exc.location is not None:
                 raise
-            raise type(exc)(exc.message, location=self.plan.ops[index].location()) from exc
+            index = plan.failing_op(exc)
+            raise type(exc)(exc.message, location=plan.ops[index].location()) from exc
         except Exception as exc:
-            raise self.plan.runtime_error(index, env, exc) from exc
+            raise plan.runtime_error(plan.failing_op(exc), self.env, exc) from exc
 
     def _run_checked(self) -> None:
         env = self.env
@@ -176,7 +176,13 @@ def _value_in_scope(scope, name: str) -> Any:
 
 
 class BlockPlan:
-    """Ops of one block resolved to step closures over env slots."""
+    """Ops of one block resolved to kernels over env slots, compiled into one function.
+
+    The compiled function has one source line per op (`e[7] = k3(e[2], e[5])`), so running a
+    block costs one Python call per op and nothing else; the traceback line of a failure names
+    the op. `steps` holds the same ops as separate closures for the checked (NaN/Inf) path and
+    for running a range of ops (PlainNet.run).
+    """
 
     def __init__(self, block: Block):
         self.block = block
@@ -196,7 +202,10 @@ class BlockPlan:
                     self.external_inputs.append(name)
             written.update(n for n in op.output_names() if n)
         self.written = written
-        self.steps: list[Callable] = [self._make_step(op) for op in self.ops]
+        self.calls: list[_Call] = [self._make_call(op) for op in self.ops]
+        self.steps: list[Callable] = [call.closure() for call in self.calls]
+        self._compiled: dict[frozenset[str] | None, Callable] = {}
+        self._codes: set = set()
 
     def slot(self, name: str) -> int:
         index = self.slot_of.get(name)
@@ -205,7 +214,7 @@ class BlockPlan:
             self.names.append(name)
         return index
 
-    def _make_step(self, op: OpDesc) -> Callable:
+    def _make_call(self, op: OpDesc) -> _Call:
         op_def = get_op_def(op.type)
         attrs = {k: v for k, v in op.attrs.items() if k in op_def.attrs}
         in_slots = {s: [self.slot(n) if n else -1 for n in names] for s, names in op.inputs.items()}
@@ -218,8 +227,49 @@ class BlockPlan:
             def scope_step(env, frame):
                 run(RunContext(op, op_def, attrs, frame, in_slots, out_slots))
 
-            return scope_step
-        return _kernel_step(op_def, attrs, in_slots, out_slots)
+            return _Call(scope_step, None, None, False)
+        return _kernel_call(op, op_def, attrs, in_slots, out_slots)
+
+    def compiled(self, keep: frozenset[str] | None = None) -> Callable[[Env, Frame], None]:
+        """The block as one function of (env, frame). With `keep`, every big temporary not in
+        `keep` is dropped from the env right after the op that uses it last."""
+        function = self._compiled.get(keep)
+        if function is None:
+            releases = self._releases(keep) if keep is not None else [()] * len(self.ops)
+            function = self._compiled[keep] = _compile(self.calls, releases, self.block.idx)
+            self._codes.add(function.__code__)
+        return function
+
+    def failing_op(self, exc: BaseException) -> int:
+        """The index of the op that raised `exc` inside a compiled function of this plan."""
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code in self._codes:
+                return tb.tb_lineno - _FIRST_OP_LINE
+            tb = tb.tb_next
+        return 0
+
+    def _releases(self, keep: frozenset[str]) -> list[tuple[int, ...]]:
+        """For each op, the slots of temporaries it is the last to use.
+
+        Never released: persistable variables (written back after the run), names in `keep`
+        (fetches), names any sub-block mentions (read by name while it runs), and arrays known
+        to be small, where the saved memory is not worth a line.
+        """
+        last_use: dict[str, int] = {}
+        for index, op in enumerate(self.ops):
+            for name in op.input_names() + op.output_names():
+                if name:
+                    last_use[name] = index
+        seen_by_sub_blocks = _names_in_sub_blocks(self.ops)
+        drops: list[list[int]] = [[] for _ in self.ops]
+        for name, index in last_use.items():
+            desc = self.block.find_var(name)
+            if desc is None or desc.persistable or name in keep or name in seen_by_sub_blocks:
+                continue
+            if _static_size(desc.shape) >= RELEASE_MIN_ELEMENTS:
+                drops[index].append(self.slot_of[name])
+        return [tuple(d) for d in drops]
 
     def runtime_error(self, index: int, env: Env, exc: Exception) -> ExecutionError:
         op = self.ops[index]
@@ -234,9 +284,91 @@ class BlockPlan:
         return ExecutionError(message, location=op.location())
 
 
-def _kernel_step(op_def: OpDef, attrs: dict, in_slots: dict, out_slots: dict) -> Callable:
-    """A closure running `op_def.forward` on env slots; the common shapes get fast versions."""
-    kernel = op_def.specialize(**attrs) if op_def.specialize is not None else None
+# Temporaries known to hold fewer elements are kept to the end of the run: dropping them early
+# saves no memory worth a statement.
+RELEASE_MIN_ELEMENTS = 4096
+_FIRST_OP_LINE = 2  # line 1 of a compiled block is its `def`
+
+
+class _Call:
+    """How one op runs: `function(env, frame)` when `args` is None, else
+    `function(*args)` with its results stored into `targets` (env slots, None: dropped)."""
+
+    __slots__ = ("function", "args", "targets", "returns_tuple")
+
+    def __init__(self, function: Callable, args, targets, returns_tuple: bool):
+        self.function = function
+        self.args = args
+        self.targets = targets
+        self.returns_tuple = returns_tuple
+
+    def closure(self) -> Callable[[Env, Frame], None]:
+        if self.args is None:
+            return self.function
+        return _compile([self], [()], "step")
+
+    def source(self, name: str) -> str:
+        """This op's statement, calling the function bound to `name`."""
+        if self.args is None:
+            return f"{name}(e, frame)"
+        args = ", ".join(_arg_source(a) for a in self.args)
+        call = f"{name}({args})"
+        if not self.returns_tuple:
+            (target,) = self.targets
+            return call if target is None else f"e[{target}] = {call}"
+        stores = [f"e[{t}] = r[{i}]" for i, t in enumerate(self.targets) if t is not None]
+        return "; ".join([f"r = {call}"] + stores)
+
+
+def _arg_source(arg) -> str:
+    if arg is None:
+        return "None"
+    if isinstance(arg, list):
+        return "[" + ", ".join("None" if i < 0 else f"e[{i}]" for i in arg) + "]"
+    return f"e[{arg}]"
+
+
+def _compile(calls: list[_Call], releases: list[tuple[int, ...]], tag) -> Callable:
+    namespace: dict[str, Any] = {}
+    lines = [f"def block_{tag}(e, frame):"]
+    for index, (call, drops) in enumerate(zip(calls, releases)):
+        name = f"k{index}"
+        namespace[name] = call.function
+        statement = call.source(name)
+        if drops:
+            statement += "; " + "; ".join(f"e[{slot}] = None" for slot in drops)
+        lines.append("    " + statement)
+    if not calls:
+        lines.append("    pass")
+    code = compile("\n".join(lines), f"<nestflow block {tag}>", "exec")
+    exec(code, namespace)  # noqa: S102  (our own generated source: one line per op)
+    return namespace[f"block_{tag}"]
+
+
+def _static_size(shape) -> float:
+    size = 1.0
+    for d in shape:
+        if d < 0:
+            return float("inf")
+        size *= d
+    return size
+
+
+def _names_in_sub_blocks(ops) -> set[str]:
+    """Every variable name an op inside a sub-block (at any depth) reads or writes."""
+    names: set[str] = set()
+    pending = [b for op in ops for b in op.sub_blocks()]
+    while pending:
+        block = pending.pop()
+        for op in block.ops:
+            names.update(n for n in op.input_names() + op.output_names() if n)
+            pending.extend(op.sub_blocks())
+    return names
+
+
+def _kernel_call(op: OpDesc, op_def: OpDef, attrs: dict, in_slots: dict, out_slots: dict) -> _Call:
+    """The op's kernel with its attrs bound, as a call over env slots."""
+    kernel = _specialized(op, op_def, attrs)
     if kernel is None:
         kernel = op_def.forward
         if op_def.backward_wants_needs:
@@ -245,13 +377,13 @@ def _kernel_step(op_def: OpDef, attrs: dict, in_slots: dict, out_slots: dict) ->
         if attrs:
             kernel = functools.partial(kernel, **attrs)
     # Argument sources: one slot, a list of slots (duplicable), or absent (None).
-    sources = []
+    args = []
     for slot in op_def.inputs:
         indices = in_slots.get(slot.name)
         if slot.duplicable:
-            sources.append(list(indices or []))
+            args.append(list(indices or []))
         else:
-            sources.append(indices[0] if indices and indices[0] >= 0 else None)
+            args.append(indices[0] if indices and indices[0] >= 0 else None)
     returns_tuple = len(op_def.outputs) > 1 or op_def.forward_type is not None
     targets = []
     for slot in op_def.outputs:
@@ -260,35 +392,42 @@ def _kernel_step(op_def: OpDef, attrs: dict, in_slots: dict, out_slots: dict) ->
             targets.append(list(indices or []))
         else:
             targets.append(indices[0] if indices and indices[0] >= 0 else None)
+    if any(isinstance(t, list) for t in targets):
+        return _Call(_list_output_step(kernel, args, targets, returns_tuple), None, None, False)
+    return _Call(kernel, args, targets, returns_tuple)
 
-    simple_inputs = all(isinstance(s, int) for s in sources)
-    if simple_inputs and not returns_tuple and isinstance(targets[0], int):
-        out = targets[0]
-        if len(sources) == 1:
-            (a,) = sources
 
-            def step1(env, frame):
-                env[out] = kernel(env[a])
+def _specialized(op: OpDesc, op_def: OpDef, attrs: dict) -> Callable | None:
+    """The op's `specialize(<input VarInfos>, **attrs)` kernel for this op, if it offers one."""
+    if op_def.specialize is None:
+        return None
+    infos = {}
+    for slot in op_def.inputs:
+        names = op.inputs.get(slot.name) or []
+        descs = [op.block.find_var(n) if n else None for n in names]
+        infos[slot.name] = [_info(d) for d in descs] if slot.duplicable else (
+            _info(descs[0]) if descs else None
+        )
+    return op_def.specialize(**infos, **attrs)
 
-            return step1
-        if len(sources) == 2:
-            a, b = sources
 
-            def step2(env, frame):
-                env[out] = kernel(env[a], env[b])
+def _info(desc) -> VarInfo | None:
+    return None if desc is None else VarInfo(tuple(desc.shape), desc.dtype)
 
-            return step2
+
+def _list_output_step(kernel: Callable, args: list, targets: list, returns_tuple: bool):
+    """A step for kernels with a duplicable (list) output: results are stored pairwise."""
 
     def gather(env):
-        args = []
-        for source in sources:
+        values = []
+        for source in args:
             if source is None:
-                args.append(None)
+                values.append(None)
             elif isinstance(source, list):
-                args.append([env[i] if i >= 0 else None for i in source])
+                values.append([env[i] if i >= 0 else None for i in source])
             else:
-                args.append(env[source])
-        return args
+                values.append(env[source])
+        return values
 
     def step(env, frame):
         result = kernel(*gather(env))

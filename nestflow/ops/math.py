@@ -39,6 +39,20 @@ def _infer_binary(X: VarInfo, Y: VarInfo, axis: int) -> VarInfo:
     return VarInfo(broadcast_shapes(X.shape, y_shape), X.dtype)
 
 
+def _ufunc_when_aligned(ufunc):
+    """specialize() for a binary op: when Y already lines up with X's trailing dims and the
+    result is not 0-d (where ufuncs return NumPy scalars), the ufunc itself is the kernel."""
+
+    def specialize(X, Y, axis):
+        if X is None or Y is None or X.ndim == 0:
+            return None
+        if axis == -1 or axis + Y.ndim == X.ndim:
+            return ufunc
+        return None
+
+    return specialize
+
+
 @register_op
 class elementwise_add:
     """Out = X + Y with broadcasting."""
@@ -46,6 +60,7 @@ class elementwise_add:
     inputs, outputs = ("X", "Y"), ("Out",)
     attrs = {"axis": -1}
     infer = _infer_binary
+    specialize = _ufunc_when_aligned(np.add)
 
     def forward(X, Y, axis):
         return np.asarray(X + align_y(X.ndim, Y, axis))
@@ -62,6 +77,7 @@ class elementwise_sub:
     inputs, outputs = ("X", "Y"), ("Out",)
     attrs = {"axis": -1}
     infer = _infer_binary
+    specialize = _ufunc_when_aligned(np.subtract)
 
     def forward(X, Y, axis):
         return np.asarray(X - align_y(X.ndim, Y, axis))
@@ -78,6 +94,7 @@ class elementwise_mul:
     inputs, outputs = ("X", "Y"), ("Out",)
     attrs = {"axis": -1}
     infer = _infer_binary
+    specialize = _ufunc_when_aligned(np.multiply)
 
     def forward(X, Y, axis):
         return np.asarray(X * align_y(X.ndim, Y, axis))
@@ -97,6 +114,7 @@ class elementwise_div:
     inputs, outputs = ("X", "Y"), ("Out",)
     attrs = {"axis": -1}
     infer = _infer_binary
+    specialize = _ufunc_when_aligned(np.divide)
 
     def forward(X, Y, axis):
         return np.asarray(X / align_y(X.ndim, Y, axis))
