@@ -405,8 +405,8 @@ def _specialized(op: OpDesc, op_def: OpDef, attrs: dict) -> Callable | None:
     for slot in op_def.inputs:
         names = op.inputs.get(slot.name) or []
         descs = [op.block.find_var(n) if n else None for n in names]
-        infos[slot.name] = [_info(d) for d in descs] if slot.duplicable else (
-            _info(descs[0]) if descs else None
+        infos[slot.name] = (
+            [_info(d) for d in descs] if slot.duplicable else (_info(descs[0]) if descs else None)
         )
     return op_def.specialize(**infos, **attrs)
 
