@@ -12,6 +12,8 @@ leaves the scope's persistable state exactly as it was.
 from __future__ import annotations
 
 import functools
+import inspect
+from sys import getrefcount
 from collections.abc import Callable
 from typing import Any
 
@@ -292,32 +294,79 @@ _FIRST_OP_LINE = 2  # line 1 of a compiled block is its `def`
 
 class _Call:
     """How one op runs: `function(env, frame)` when `args` is None, else
-    `function(*args)` with its results stored into `targets` (env slots, None: dropped)."""
+    `function(*args)` with its results stored into `targets` (env slots, None: dropped).
 
-    __slots__ = ("function", "args", "targets", "returns_tuple")
+    `donor` is the env slot of an input whose buffer `into(*args, out=buffer)` may take for the
+    output (the op's `inplace` declaration), when the run owns that buffer outright.
+    """
+
+    __slots__ = ("function", "args", "targets", "returns_tuple", "donor", "into")
 
     def __init__(self, function: Callable, args, targets, returns_tuple: bool):
         self.function = function
         self.args = args
         self.targets = targets
         self.returns_tuple = returns_tuple
+        self.donor: int | None = None
+        self.into: Callable | None = None
 
     def closure(self) -> Callable[[Env, Frame], None]:
         if self.args is None:
             return self.function
         return _compile([self], [()], "step")
 
-    def source(self, name: str) -> str:
-        """This op's statement, calling the function bound to `name`."""
+    def source(self, name: str, donate: bool = False) -> str:
+        """This op's statement, calling the function bound to `name` (its in-place variant to
+        `name`_into, when `donate` and the donor's buffer turns out to be owned)."""
         if self.args is None:
             return f"{name}(e, frame)"
         args = ", ".join(_arg_source(a) for a in self.args)
         call = f"{name}({args})"
+        if donate:
+            buffer = f"e[{self.donor}]"
+            call = f"{name}_into({args}, out={buffer}) if _owned({buffer}) else {call}"
         if not self.returns_tuple:
             (target,) = self.targets
             return call if target is None else f"e[{target}] = {call}"
         stores = [f"e[{t}] = r[{i}]" for i, t in enumerate(self.targets) if t is not None]
         return "; ".join([f"r = {call}"] + stores)
+
+
+def _owned(value: Any) -> bool:
+    """Whether nothing but the env slot holds `value` (an array) or the array it views, so an op
+    may overwrite it. Counted references: the env slot, this call's argument and getrefcount's
+    own; for a view's base: the view's, the local `base` and getrefcount's."""
+    if getrefcount(value) != 3 or type(value) is not np.ndarray or not value.flags.writeable:
+        return False
+    base = value.base
+    return base is None or (type(base) is np.ndarray and getrefcount(base) == 3)
+
+
+def _into(kernel: Callable) -> Callable | None:
+    """`kernel` as a function taking `out=`, or None if it cannot write into a given buffer."""
+    if isinstance(kernel, np.ufunc) and kernel.nin == 2:
+        return _ufunc_into(kernel)
+    if isinstance(kernel, np.ufunc) or (
+        isinstance(kernel, functools.partial) and isinstance(kernel.func, np.ufunc)
+    ):
+        return kernel
+    try:
+        parameters = inspect.signature(kernel).parameters
+    except (TypeError, ValueError):
+        return None
+    return kernel if "out" in parameters else None
+
+
+def _ufunc_into(ufunc: np.ufunc) -> Callable:
+    def into(x, y, out):
+        # Broadcasting may make the result bigger than the buffer: NumPy checks that (and the
+        # dtype cast) before writing anything, so falling back to a new array is safe.
+        try:
+            return ufunc(x, y, out=out)
+        except (ValueError, TypeError):
+            return ufunc(x, y)
+
+    return into
 
 
 def _arg_source(arg) -> str:
@@ -329,12 +378,15 @@ def _arg_source(arg) -> str:
 
 
 def _compile(calls: list[_Call], releases: list[tuple[int, ...]], tag) -> Callable:
-    namespace: dict[str, Any] = {}
     lines = [f"def block_{tag}(e, frame):"]
+    namespace: dict[str, Any] = {"_owned": _owned}
     for index, (call, drops) in enumerate(zip(calls, releases)):
         name = f"k{index}"
         namespace[name] = call.function
-        statement = call.source(name)
+        donate = call.into is not None and call.donor in drops
+        if donate:
+            namespace[name + "_into"] = call.into
+        statement = call.source(name, donate)
         if drops:
             statement += "; " + "; ".join(f"e[{slot}] = None" for slot in drops)
         lines.append("    " + statement)
@@ -394,7 +446,23 @@ def _kernel_call(op: OpDesc, op_def: OpDef, attrs: dict, in_slots: dict, out_slo
             targets.append(indices[0] if indices and indices[0] >= 0 else None)
     if any(isinstance(t, list) for t in targets):
         return _Call(_list_output_step(kernel, args, targets, returns_tuple), None, None, False)
-    return _Call(kernel, args, targets, returns_tuple)
+    call = _Call(kernel, args, targets, returns_tuple)
+    for out_slot, in_slot in op_def.inplace.items():
+        donor = (in_slots.get(in_slot) or [-1])[0]
+        target = (out_slots.get(out_slot) or [-1])[0]
+        if donor >= 0 and target >= 0 and _same_array_type(op, in_slot, out_slot):
+            call.donor, call.into = donor, _into(kernel)
+        break
+    return call
+
+
+def _same_array_type(op: OpDesc, in_slot: str, out_slot: str) -> bool:
+    """Whether the declared donor and output are arrays of one dtype and rank (not 0-d)."""
+    donor = op.block.find_var(op.input(in_slot)[0])
+    out = op.block.find_var(op.output(out_slot)[0])
+    if donor is None or out is None or donor.type != "lod_tensor" or out.type != "lod_tensor":
+        return False
+    return donor.dtype == out.dtype and len(donor.shape) == len(out.shape) > 0
 
 
 def _specialized(op: OpDesc, op_def: OpDef, attrs: dict) -> Callable | None:

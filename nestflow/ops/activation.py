@@ -18,6 +18,8 @@ class relu:
 
     inputs, outputs = ("X",), ("Out",)
     infer = same_as(0)
+    inplace = {"Out": "X"}
+    grad_inplace = {"X@GRAD": "Out@GRAD"}
 
     def specialize(X):
         # maximum(0, X) as a C-level partial: no Python frame per call.
@@ -26,8 +28,10 @@ class relu:
     def forward(X):
         return np.asarray(np.maximum(X, 0))
 
-    def backward(X, Out, Out_grad):
-        return (np.asarray(Out_grad * (Out > 0)),)
+    def backward(X, Out, Out_grad, out=None):
+        if not Out.ndim:
+            return (np.asarray(Out_grad * (Out > 0)),)
+        return (np.multiply(Out_grad, Out > 0, out=out),)
 
 
 @register_op
@@ -36,13 +40,17 @@ class sigmoid:
 
     inputs, outputs = ("X",), ("Out",)
     infer = same_as(0)
+    grad_inplace = {"X@GRAD": "Out@GRAD"}
 
     def forward(X):
         # tanh form: no overflow warning for large |X|, same value as 1/(1+exp(-X)).
         return np.asarray((np.tanh(X * 0.5) + 1) * np.asarray(0.5, X.dtype))
 
-    def backward(X, Out, Out_grad):
-        return (np.asarray(Out_grad * Out * (1 - Out)),)
+    def backward(X, Out, Out_grad, out=None):
+        if not Out.ndim:
+            return (np.asarray(Out_grad * Out * (1 - Out)),)
+        grad = np.multiply(Out_grad, Out, out=out)
+        return (np.multiply(grad, 1 - Out, out=grad),)
 
 
 @register_op
@@ -51,6 +59,8 @@ class tanh:
 
     inputs, outputs = ("X",), ("Out",)
     infer = same_as(0)
+    inplace = {"Out": "X"}
+    grad_inplace = {"X@GRAD": "Out@GRAD"}
 
     def specialize(X):
         return np.tanh if X is not None and X.ndim else None
@@ -58,8 +68,10 @@ class tanh:
     def forward(X):
         return np.asarray(np.tanh(X))
 
-    def backward(X, Out, Out_grad):
-        return (np.asarray(Out_grad * (1 - Out * Out)),)
+    def backward(X, Out, Out_grad, out=None):
+        if not Out.ndim:
+            return (np.asarray(Out_grad * (1 - Out * Out)),)
+        return (np.multiply(Out_grad, 1 - Out * Out, out=out),)
 
 
 @register_op

@@ -54,11 +54,16 @@ def _infer_loss_shape(
 
 def _class_ids(label: np.ndarray, x: np.ndarray, axis: int, ignore_index: int):
     """(ids, ignored): label with the class axis kept as size 1 and ignored rows set to 0, and
-    the mask of ignored rows. Raises ExecutionError for ids outside [0, C)."""
+    the mask of ignored rows (None when no row is ignored). Raises ExecutionError for ids
+    outside [0, C)."""
     if label.ndim < x.ndim:
         label = np.expand_dims(label, axis)
-    ignored = label == ignore_index
     classes = x.shape[axis]
+    if label.size:
+        low, high = label.min(), label.max()
+        if 0 <= low and high < classes and not low <= ignore_index <= high:
+            return label, None  # the common case, checked with two reductions
+    ignored = label == ignore_index
     bad = ~ignored & ((label < 0) | (label >= classes))
     if bad.any():
         at = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -67,6 +72,17 @@ def _class_ids(label: np.ndarray, x: np.ndarray, axis: int, ignore_index: int):
             f"[0, {classes}) (ignore_index={ignore_index})"
         )
     return np.where(ignored, 0, label), ignored
+
+
+def _pick(x: np.ndarray, ids: np.ndarray, axis: int) -> np.ndarray:
+    """x's entries at class `ids` along `axis` (ids shaped like x with that axis 1)."""
+    if x.ndim == 2 and axis == 1:
+        return x[np.arange(x.shape[0]), ids[:, 0]].reshape(-1, 1)
+    return np.take_along_axis(x, ids, axis=axis)
+
+
+def _unless_ignored(values: np.ndarray, ignored: np.ndarray | None) -> np.ndarray:
+    return values if ignored is None else np.where(ignored, values.dtype.type(0), values)
 
 
 @register_op
@@ -86,17 +102,16 @@ class cross_entropy:
             if soft_label:
                 return -(Label * np.log(X)).sum(axis=-1, keepdims=True)
             ids, ignored = _class_ids(Label, X, X.ndim - 1, ignore_index)
-            picked = np.take_along_axis(X, ids, axis=-1)
-            return np.where(ignored, X.dtype.type(0), -np.log(picked))
+            return _unless_ignored(-np.log(_pick(X, ids, X.ndim - 1)), ignored)
 
     def backward(X, Label, Y, Y_grad, soft_label, ignore_index):
         if soft_label:
             return (-Y_grad * Label / X,)
         ids, ignored = _class_ids(Label, X, X.ndim - 1, ignore_index)
-        picked = np.take_along_axis(X, ids, axis=-1)
+        picked = _pick(X, ids, X.ndim - 1)
         dx = np.zeros_like(X)
         with np.errstate(divide="ignore", invalid="ignore"):
-            np.put_along_axis(dx, ids, np.where(ignored, 0, -Y_grad / picked), axis=-1)
+            np.put_along_axis(dx, ids, _unless_ignored(-Y_grad / picked, ignored), axis=-1)
         return (dx,)
 
 
@@ -117,30 +132,33 @@ class softmax_with_cross_entropy:
     def forward(Logits, Label, soft_label, axis, ignore_index):
         axis %= Logits.ndim
         shifted = Logits - Logits.max(axis=axis, keepdims=True)
-        log_softmax = shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+        exp = np.exp(shifted)
+        total = exp.sum(axis=axis, keepdims=True)
+        softmax = np.divide(exp, total, out=exp)
+        log_total = np.log(total)
         if soft_label:
-            loss = -(Label * log_softmax).sum(axis=axis, keepdims=True)
+            loss = -(Label * (shifted - log_total)).sum(axis=axis, keepdims=True)
         else:
             ids, ignored = _class_ids(Label, Logits, axis, ignore_index)
-            picked = np.take_along_axis(log_softmax, ids, axis=axis)
-            loss = np.where(ignored, Logits.dtype.type(0), -picked)
-        return np.exp(log_softmax), loss
+            loss = _unless_ignored(log_total - _pick(shifted, ids, axis), ignored)
+        return softmax, loss
 
     def backward(
         Logits, Label, Softmax, Loss, Softmax_grad, Loss_grad, soft_label, axis, ignore_index
     ):
         axis %= Logits.ndim
-        grad = np.zeros_like(Logits)
-        if Loss_grad is not None:
-            if soft_label:
-                # Exact for any Label, not only distributions summing to 1.
-                total = Label.sum(axis=axis, keepdims=True)
-                grad += (Softmax * total - Label) * Loss_grad
-            else:
-                ids, ignored = _class_ids(Label, Logits, axis, ignore_index)
-                one_hot = np.zeros_like(Logits)
-                np.put_along_axis(one_hot, ids, 1, axis=axis)
-                grad += (Softmax - one_hot) * np.where(ignored, 0, Loss_grad)
+        if Loss_grad is None:
+            grad = np.zeros_like(Logits)
+        elif soft_label:
+            # Exact for any Label, not only distributions summing to 1.
+            total = Label.sum(axis=axis, keepdims=True)
+            grad = (Softmax * total - Label) * Loss_grad
+        else:
+            # (softmax - one_hot(label)) * dLoss, ignored rows zero.
+            ids, ignored = _class_ids(Label, Logits, axis, ignore_index)
+            grad = Softmax.copy()
+            np.put_along_axis(grad, ids, _pick(grad, ids, axis) - 1, axis=axis)
+            grad *= _unless_ignored(np.broadcast_to(Loss_grad, ids.shape), ignored)
         if Softmax_grad is not None:
             inner = (Softmax_grad * Softmax).sum(axis=axis, keepdims=True)
             grad += Softmax * (Softmax_grad - inner)

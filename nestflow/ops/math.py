@@ -61,6 +61,7 @@ class elementwise_add:
     attrs = {"axis": -1}
     infer = _infer_binary
     specialize = _ufunc_when_aligned(np.add)
+    inplace = {"Out": "X"}
 
     def forward(X, Y, axis):
         return np.asarray(X + align_y(X.ndim, Y, axis))
@@ -78,6 +79,7 @@ class elementwise_sub:
     attrs = {"axis": -1}
     infer = _infer_binary
     specialize = _ufunc_when_aligned(np.subtract)
+    inplace = {"Out": "X"}
 
     def forward(X, Y, axis):
         return np.asarray(X - align_y(X.ndim, Y, axis))
@@ -95,6 +97,7 @@ class elementwise_mul:
     attrs = {"axis": -1}
     infer = _infer_binary
     specialize = _ufunc_when_aligned(np.multiply)
+    inplace = {"Out": "X"}
 
     def forward(X, Y, axis):
         return np.asarray(X * align_y(X.ndim, Y, axis))
@@ -115,6 +118,7 @@ class elementwise_div:
     attrs = {"axis": -1}
     infer = _infer_binary
     specialize = _ufunc_when_aligned(np.divide)
+    inplace = {"Out": "X"}
 
     def forward(X, Y, axis):
         return np.asarray(X / align_y(X.ndim, Y, axis))
@@ -263,6 +267,16 @@ class mul:
             )
         return VarInfo(X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:], X.dtype)
 
+    def specialize(X, Y, x_num_col_dims, y_num_col_dims):
+        # A matrix times a matrix needs no flattening: the BLAS call alone.
+        if (
+            X is None
+            or Y is None
+            or (X.ndim, Y.ndim, x_num_col_dims, y_num_col_dims) != (2, 2, 1, 1)
+        ):
+            return None
+        return np.matmul
+
     def forward(X, Y, x_num_col_dims, y_num_col_dims):
         out = X.reshape(_flat2d(X.shape, x_num_col_dims)) @ Y.reshape(
             _flat2d(Y.shape, y_num_col_dims)
@@ -270,6 +284,10 @@ class mul:
         return out.reshape(X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:])
 
     def backward(X, Y, Out, Out_grad, x_num_col_dims, y_num_col_dims, needs=(True, True)):
+        if X.ndim == Y.ndim == 2 and x_num_col_dims == y_num_col_dims == 1:
+            dx = Out_grad @ Y.T if needs[0] else None
+            dy = X.T @ Out_grad if needs[1] else None
+            return dx, dy
         x2 = X.reshape(_flat2d(X.shape, x_num_col_dims))
         y2 = Y.reshape(_flat2d(Y.shape, y_num_col_dims))
         g2 = Out_grad.reshape(x2.shape[0], y2.shape[1])

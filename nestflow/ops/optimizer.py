@@ -41,13 +41,18 @@ class sgd:
     """ParamOut = Param - lr * Grad."""
 
     inputs, outputs = ("Param", "Grad", "LearningRate"), ("ParamOut",)
+    inplace = {"ParamOut": "Grad"}
 
     def infer(Param, Grad, LearningRate):
         _check_update(Param, Grad, LearningRate)
         return Param
 
-    def forward(Param, Grad, LearningRate):
-        return np.asarray(Param - _scalar(LearningRate, Param.dtype) * Grad)
+    def forward(Param, Grad, LearningRate, out=None):
+        if not Param.ndim:
+            return np.asarray(Param - _scalar(LearningRate, Param.dtype) * Grad)
+        # One new array at most (none when the executor lends Grad's buffer as `out`).
+        step = np.multiply(Grad, _scalar(LearningRate, Param.dtype), out=out)
+        return np.subtract(Param, step, out=step)
 
 
 @register_op

@@ -17,6 +17,11 @@ gradient op `relu_grad` and the default grad maker; an op with unusual gradient 
 returning a faster kernel for those attrs (e.g. `np.add` when no axis alignment is needed), or
 None to keep `forward`; the executor binds it once when it prepares a plan.
 
+`inplace = {"Out": "X"}` (and `grad_inplace` for the gradient op) says the kernel accepts
+`out=` and may write that output into the input's buffer. The executor passes `out=` only when
+it owns the buffer outright: a temporary of the run, read by no later op, referenced by nothing
+else (no other variable, view or user reference), of the output's shape and dtype.
+
 Slot spelling: "X" one variable, "X*" a list of variables (duplicable), "X?" optional.
 """
 
@@ -117,6 +122,7 @@ class OpDef:
     no_grad_inputs: frozenset[str] = frozenset()
     forward_type: str | None = None  # set on generated gradient ops
     backward_wants_needs: bool = False
+    inplace: dict[str, str] = field(default_factory=dict)  # output slot -> input slot
     doc: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -212,13 +218,14 @@ def register_op(cls: type) -> type:
         backward=backward,
         grad_maker=_plain(cls, "grad_maker"),
         no_grad_inputs=frozenset(cls.__dict__.get("no_grad_inputs", ())),
+        inplace=dict(cls.__dict__.get("inplace", {})),
         doc=inspect.cleandoc(cls.__doc__ or ""),
     )
     if op_def.forward is None and op_def.run is None:
         raise NestflowError(f"operator '{op_type}' defines neither forward nor run")
     _REGISTRY[op_type] = op_def
     if backward is not None:
-        grad_def = _gradient_op_def(op_def)
+        grad_def = _gradient_op_def(op_def, dict(cls.__dict__.get("grad_inplace", {})))
         _REGISTRY[grad_def.type] = grad_def
         if op_def.grad_maker is None:
             op_def.grad_maker = default_grad_maker
@@ -230,7 +237,7 @@ def grad_slot(slot: str) -> str:
     return slot + GRAD_SUFFIX
 
 
-def _gradient_op_def(fwd: OpDef) -> OpDef:
+def _gradient_op_def(fwd: OpDef, inplace: dict[str, str]) -> OpDef:
     """The `<type>_grad` op: reads forward inputs, outputs and output grads; writes input grads."""
     grad_outputs = tuple(
         Slot(grad_slot(s.name), s.duplicable, optional=True) for s in fwd.grad_inputs
@@ -249,6 +256,7 @@ def _gradient_op_def(fwd: OpDef) -> OpDef:
         forward=fwd.backward,
         forward_type=fwd.type,
         backward_wants_needs="needs" in inspect.signature(fwd.backward).parameters,
+        inplace=inplace,
     )
 
 
