@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from sys import getrefcount
 from collections.abc import Callable
+from sys import getrefcount
 from typing import Any
 
 import numpy as np
