@@ -95,12 +95,11 @@ class Executor:
         plan = prepared.block_plan
         block = program.global_block()
 
-        saved_check = self.check_nan_inf
-        if check_nan_inf is not None:
-            self.check_nan_inf = check_nan_inf
+        checking = self.check_nan_inf if check_nan_inf is None else check_nan_inf
         local = scope.new_scope() if prepared.needs_local_scope else scope
         try:
             frame = Frame(plan, local, self)
+            frame.check_nan_inf = checking  # this run's choice; sub-block frames inherit it
             env = frame.env
             self._bind_feeds(block, plan, env, feed)
             self._bind_persistables(prepared, scope, env, feed)
@@ -118,7 +117,6 @@ class Executor:
                 if value is not None:
                     _store(scope, name, value)
         finally:
-            self.check_nan_inf = saved_check
             if local is not scope:
                 scope.delete_scope(local)
         if return_numpy:

@@ -91,7 +91,10 @@ class Frame:
         self.scope = scope
         self.executor = executor
         self.parent = parent
-        self.check_nan_inf = executor.check_nan_inf if executor is not None else False
+        if parent is not None:
+            self.check_nan_inf = parent.check_nan_inf
+        else:
+            self.check_nan_inf = executor.check_nan_inf if executor is not None else False
 
     def lookup(self, name: str) -> Any:
         slot = self.plan.slot_of.get(name)
@@ -241,6 +244,11 @@ class BlockPlan:
             function = self._compiled[keep] = _compile(self.calls, releases, self.block.idx)
             self._codes.add(function.__code__)
         return function
+
+    def source(self, keep: frozenset[str] | None = None) -> str:
+        """The Python source the block runs as (for reading and debugging): one line per op,
+        `kN` its kernel, `e[i]` the value of variable `names[i]`."""
+        return self.compiled(keep).source
 
     def failing_op(self, exc: BaseException) -> int:
         """The index of the op that raised `exc` inside a compiled function of this plan."""
@@ -392,9 +400,11 @@ def _compile(calls: list[_Call], releases: list[tuple[int, ...]], tag) -> Callab
         lines.append("    " + statement)
     if not calls:
         lines.append("    pass")
-    code = compile("\n".join(lines), f"<nestflow block {tag}>", "exec")
-    exec(code, namespace)  # noqa: S102  (our own generated source: one line per op)
-    return namespace[f"block_{tag}"]
+    source = "\n".join(lines)
+    exec(compile(source, f"<nestflow block {tag}>", "exec"), namespace)  # noqa: S102
+    function = namespace[f"block_{tag}"]
+    function.source = source  # what BlockPlan.source shows
+    return function
 
 
 def _static_size(shape) -> float:
