@@ -63,17 +63,28 @@ class momentum:
     inputs = ("Param", "Grad", "Velocity", "LearningRate")
     outputs = ("ParamOut", "VelocityOut")
     attrs = {"mu": 0.9, "use_nesterov": False}
+    inplace = {"ParamOut": "Grad"}
 
     def infer(Param, Grad, Velocity, LearningRate, mu, use_nesterov):
         _check_update(Param, Grad, LearningRate, Velocity=Velocity)
         return Param, Param
 
-    def forward(Param, Grad, Velocity, LearningRate, mu, use_nesterov):
+    def forward(Param, Grad, Velocity, LearningRate, mu, use_nesterov, out=None):
         dtype = Param.dtype
         lr, mu = _scalar(LearningRate, dtype), _scalar(mu, dtype)
-        velocity = np.asarray(mu * Velocity + Grad)
-        step = Grad + mu * velocity if use_nesterov else velocity
-        return np.asarray(Param - lr * step), velocity
+        if not Param.ndim:
+            velocity = np.asarray(mu * Velocity + Grad)
+            step = Grad + mu * velocity if use_nesterov else velocity
+            return np.asarray(Param - lr * step), velocity
+        velocity = np.multiply(Velocity, mu)
+        velocity += Grad
+        if use_nesterov:
+            step = np.multiply(velocity, mu)
+            step += Grad
+            step *= lr
+        else:
+            step = np.multiply(velocity, lr, out=out)
+        return np.subtract(Param, step, out=step), velocity
 
 
 @register_op
@@ -85,6 +96,7 @@ class adam:
     inputs = ("Param", "Grad", "LearningRate", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow")
     outputs = ("ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut", "Beta2PowOut")
     attrs = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
+    inplace = {"ParamOut": "Grad"}
 
     def infer(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **_attrs):
         _check_update(Param, Grad, LearningRate, Moment1=Moment1, Moment2=Moment2)
@@ -93,21 +105,35 @@ class adam:
                 fail(f"{name} must hold one value ([1] or 0-d), got {list(info.shape)}")
         return Param, Moment1, Moment2, Beta1Pow, Beta2Pow
 
-    def forward(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **attrs):
+    def forward(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, out=None, **attrs):
         beta1, beta2, epsilon = attrs["beta1"], attrs["beta2"], attrs["epsilon"]
         dtype = Param.dtype
-        m = np.asarray(beta1 * Moment1 + (1.0 - beta1) * Grad, dtype)
-        v = np.asarray(beta2 * Moment2 + (1.0 - beta2) * Grad * Grad, dtype)
         # Bias corrections in float64 (like torch's Python floats), applied in Param's dtype.
         correction1 = 1.0 - float(np.asarray(Beta1Pow).reshape(()))
         correction2 = 1.0 - float(np.asarray(Beta2Pow).reshape(()))
         step = _scalar(float(np.asarray(LearningRate).reshape(())) / correction1, dtype)
-        denom = np.sqrt(v) / _scalar(np.sqrt(correction2), dtype) + _scalar(epsilon, dtype)
-        param = np.asarray(Param - step * (m / denom), dtype)
+        b1, b2 = _scalar(beta1, dtype), _scalar(beta2, dtype)
+        # torch.optim.Adam's order of operations, with one scratch array (Grad's buffer when
+        # the executor lends it) instead of a temporary per operation.
+        m = np.multiply(Moment1, b1)
+        scratch = np.multiply(Grad, _scalar(1.0 - beta1, dtype))
+        m += scratch
+        v = np.multiply(Moment2, b2)
+        np.multiply(Grad, Grad, out=scratch)
+        scratch *= _scalar(1.0 - beta2, dtype)
+        v += scratch
+        if out is not None and Param.ndim:
+            scratch = out
+        denom = np.sqrt(v, out=scratch) if Param.ndim else np.sqrt(v)
+        denom /= _scalar(np.sqrt(correction2), dtype)
+        denom += _scalar(epsilon, dtype)
+        update = np.divide(m, denom, out=denom) if Param.ndim else m / denom
+        update *= step
+        param = np.subtract(Param, update, out=update) if Param.ndim else Param - update
         return (
-            param,
-            m,
-            v,
+            np.asarray(param, dtype),
+            np.asarray(m, dtype),
+            np.asarray(v, dtype),
             np.asarray(Beta1Pow * beta1, Beta1Pow.dtype),
             np.asarray(Beta2Pow * beta2, Beta2Pow.dtype),
         )
