@@ -119,6 +119,50 @@ class VarDesc:
     __hash__ = object.__hash__
 
 
+class _Attrs(dict):
+    """An op's attributes. Any write marks the program changed, so executors prepare it again
+    (a plan binds attribute values into its kernels)."""
+
+    __slots__ = ("_op",)
+
+    def _changed(self) -> None:
+        op = getattr(self, "_op", None)
+        program = getattr(getattr(op, "block", None), "program", None)
+        if program is not None:
+            program._bump()
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self._changed()
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        self._changed()
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def pop(self, *args):
+        value = super().pop(*args)
+        self._changed()
+        return value
+
+    def popitem(self):
+        item = super().popitem()
+        self._changed()
+        return item
+
+    def clear(self):
+        super().clear()
+        self._changed()
+
+
 class OpDesc:
     """One operator in a block: its type, named input/output slots, attributes and source line."""
 
@@ -135,8 +179,19 @@ class OpDesc:
         self.type = type
         self.inputs: dict[str, list[str]] = {k: list(v) for k, v in (inputs or {}).items()}
         self.outputs: dict[str, list[str]] = {k: list(v) for k, v in (outputs or {}).items()}
-        self.attrs: dict[str, Any] = dict(attrs or {})
+        self.attrs = attrs or {}
         self.source = source
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return self._attrs
+
+    @attrs.setter
+    def attrs(self, values: Mapping[str, Any]) -> None:
+        attrs = _Attrs(values)
+        attrs._op = self
+        self._attrs = attrs
+        attrs._changed()
 
     def input(self, slot: str) -> list[str]:
         return self.inputs.get(slot, [])
@@ -154,8 +209,7 @@ class OpDesc:
         return self.attrs.get(name, default)
 
     def set_attr(self, name: str, value: Any) -> None:
-        self.attrs[name] = value
-        self.block.program._bump()
+        self.attrs[name] = value  # marks the program changed
 
     def sub_blocks(self) -> list[Block]:
         found = []

@@ -466,3 +466,24 @@ def test_attr_of_unstorable_type_is_an_error():
         op.to_desc()
     op.set_attr("unset", np.float32(1.5))  # NumPy scalars are stored as the scalar they hold
     assert op.to_desc().attrs["unset"].f == 1.5
+
+
+def test_direct_attribute_edit_is_seen_by_the_next_run():
+    """Plans are cached per program version: writing an op's attrs dict must invalidate them."""
+    import numpy as np
+
+    import nestflow as nf
+
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 3])
+        out = nf.layers.scale(x, scale=2.0)
+    exe = nf.Executor()
+    feed = {"x": np.ones((1, 3), "float32")}
+    np.testing.assert_array_equal(exe.run(main, feed=feed, fetch_list=[out])[0], [[2, 2, 2]])
+    version = main.version
+    main.global_block().ops[-1].attrs["scale"] = 5.0
+    assert main.version > version
+    np.testing.assert_array_equal(exe.run(main, feed=feed, fetch_list=[out])[0], [[5, 5, 5]])
+    main.global_block().ops[-1].attrs.update(bias=1.0)
+    np.testing.assert_array_equal(exe.run(main, feed=feed, fetch_list=[out])[0], [[6, 6, 6]])
