@@ -11,6 +11,7 @@ on first use in a scope, whichever of those persistables the scope does not hold
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -95,7 +96,12 @@ class PlainNet(Net):
         self.startup_program = Program()
         self._deferred: set[str] = set()  # declared without a known shape: known at run time
         self._plan: BlockPlan | None = None
-        self._ranges: dict[tuple[int, int], list[tuple[str, bool]]] = {}
+        self._ranges: dict[tuple[int, int], _RangeOps] = {}
+        # Per caller scope, the local scopes kept by partial runs (see `run`), each with the
+        # step-scope variables that still need it. Weak both ways: the caller holds its kids.
+        self._kept: weakref.WeakKeyDictionary[
+            Scope, list[tuple[weakref.ref[Scope], frozenset[str]]]
+        ] = weakref.WeakKeyDictionary()
         self._executors: dict[Any, Executor] = {}
         self._initialised: weakref.WeakKeyDictionary[Scope, int] = weakref.WeakKeyDictionary()
         self._params_grads: list | None = None
@@ -256,7 +262,12 @@ class PlainNet(Net):
     def run(self, scope: Scope, context: Any = None, begin: int = -1, end: int = -1) -> None:
         """Run ops [begin, end) (all when negative) in `scope`; what they write is stored in
         the scope's variables (found up the parent chain, else created in `scope`). Nothing is
-        stored if an op fails. `context` may be a Place (or have a `.place`)."""
+        stored if an op fails. `context` may be a Place (or have a `.place`).
+
+        Control-flow ops make their step scopes in a local kid of `scope`, dropped when the run
+        ends (Executor.run's local scope). A run that stops before the ops reading those step
+        scopes (a forward range before its gradient ops) keeps it until a later run in `scope`
+        writes the same step-scope variables again."""
         count = len(self.block.ops)
         begin = 0 if begin < 0 else begin
         end = count if end < 0 else min(end, count)
@@ -266,28 +277,59 @@ class PlainNet(Net):
             plan = self._plan = BlockPlan(self.block)
             plan.version = self.program.version
             self._ranges = {}
-        needs = self._ranges.get((begin, end))
-        if needs is None:
-            needs = self._ranges[(begin, end)] = _range_inputs(plan, begin, end)
-        frame = Frame(plan, scope, self._executor(context))
-        env = frame.env
-        slot_of = plan.slot_of
-        for name, required in needs:
-            value = _value_of(scope, name)
-            if value is None:
-                if not required:
-                    continue
-                raise UninitializedError(
-                    f"variable '{name}' is not in the scope: it is read by "
-                    f"{_reader(plan, name, begin, end)}"
-                )
-            env[slot_of[name]] = value
-        _run_steps(frame, begin, end)
-        written = {n for op in plan.ops[begin:end] for n in op.output_names() if n}
-        for name in written:
-            value = env[slot_of[name]]
-            if value is not None:
-                _store(scope, name, value)
+        ops = self._ranges.get((begin, end))
+        if ops is None:
+            ops = self._ranges[(begin, end)] = _RangeOps.of(plan, begin, end)
+        local = scope.new_scope() if ops.has_sub_blocks else scope
+        keep = False
+        try:
+            frame = Frame(plan, local, self._executor(context))
+            env = frame.env
+            slot_of = plan.slot_of
+            for name, required in ops.needs:
+                value = _value_of(scope, name)
+                if value is None:
+                    if not required:
+                        continue
+                    raise UninitializedError(
+                        f"variable '{name}' is not in the scope: it is read by "
+                        f"{_reader(plan, name, begin, end)}"
+                    )
+                env[slot_of[name]] = value
+            _run_steps(frame, begin, end)
+            for name in ops.written:
+                value = env[slot_of[name]]
+                if value is not None:
+                    _store(scope, name, value)
+            keep = local is not scope and bool(ops.read_later)
+            self._retire_kept(scope, ops.written, local if keep else None, ops.read_later)
+        finally:
+            if local is not scope and not keep:
+                scope.delete_scope(local)
+
+    def _retire_kept(
+        self, scope: Scope, written: frozenset[str], local: Scope | None, names: frozenset[str]
+    ) -> None:
+        """Drop the kept local scopes of `scope` whose step-scope variables were all written
+        again; keep `local` (if given) for the step-scope variables `names`."""
+        kept = self._kept.get(scope)
+        if not kept and local is None:
+            return
+        still = []
+        for ref, held in kept or ():
+            old, held = ref(), held - written
+            if old is None or not old.alive:
+                continue
+            if held:
+                still.append((ref, held))
+            elif old.parent is scope and scope.alive:
+                scope.delete_scope(old)
+        if local is not None:
+            still.append((weakref.ref(local), names))
+        if still:
+            self._kept[scope] = still
+        else:
+            self._kept.pop(scope, None)
 
     def _executor(self, context: Any) -> Executor:
         place = context if isinstance(context, Place) else getattr(context, "place", None)
@@ -339,12 +381,40 @@ def _slot_names(slots: Mapping[str, Any] | None) -> dict[str, list[str]]:
     return out
 
 
-def _range_inputs(plan: BlockPlan, begin: int, end: int) -> list[tuple[str, bool]]:
-    """(name, required) for what ops [begin, end) read before any of them writes it: these
-    come from the scope. An optional input (a gradient no op produced) may be absent."""
+@dataclasses.dataclass(frozen=True)
+class _RangeOps:
+    """What a run of ops [begin, end) of a plan needs, resolved once per range."""
+
+    needs: list[tuple[str, bool]]  # read before written: from the scope (name, required)
+    written: frozenset[str]  # stored in the scope after the run
+    has_sub_blocks: bool  # control flow: step scopes go in a local kid scope
+    read_later: frozenset[str]  # step-scope variables written here that later ops read
+
+    @classmethod
+    def of(cls, plan: BlockPlan, begin: int, end: int) -> _RangeOps:
+        ops = plan.ops[begin:end]
+        written = frozenset(n for op in ops for n in op.output_names() if n)
+        later = {n for op in plan.ops[end:] for n in op.input_names()}
+        block = plan.block
+        read_later = frozenset(
+            n
+            for n in written & later
+            if (var := block.find_var(n)) is not None and var.type == "step_scopes"
+        )
+        return cls(
+            _range_inputs(ops),
+            written,
+            any(op.sub_blocks() for op in ops),
+            read_later,
+        )
+
+
+def _range_inputs(ops: Sequence[OpDesc]) -> list[tuple[str, bool]]:
+    """(name, required) for what `ops` read before any of them writes it: these come from
+    the scope. An optional input (a gradient no op produced) may be absent."""
     written: set[str] = set()
     needs: dict[str, bool] = {}
-    for op in plan.ops[begin:end]:
+    for op in ops:
         op_def = get_op_def(op.type)
         for slot, names in op.inputs.items():
             spec = op_def.input_slot(slot)

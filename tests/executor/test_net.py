@@ -1,11 +1,13 @@
 """Net / PlainNet / NetBuilder (seed 003): ops run directly in a scope."""
 
+import gc
 import sys
 
 import numpy as np
 import pytest
 
 import nestflow as nf
+from nestflow.core.scope import live_scope_count
 from nestflow.framework import framework_pb2 as pb
 
 
@@ -255,3 +257,85 @@ def test_create_recurrent_gives_a_recurrent_net():
 
     net = nf.Net.create(pb.NetDesc(model_type=pb.NetDesc.RECURRENT))
     assert isinstance(net, RecurrentNet) and isinstance(net, nf.Net)
+
+
+def ifelse_net():
+    """A net whose forward ops include an ifelse (step scopes), plus its backward ops."""
+    net = nf.Net.create()
+    with net.building():
+        x = nf.data("x", shape=[-1, 2], dtype="float64")
+        x.stop_gradient = False
+        cond = nf.layers.greater_than(nf.layers.reduce_sum(x, dim=[1], keep_dim=True), 0.0)
+        ie = nf.ifelse()
+        with ie.true_block():
+            ie.output(nf.layers.scale(x, scale=2.0))
+        with ie.false_block():
+            ie.output(nf.layers.tanh(x))
+        (out,) = ie(cond)
+        loss = nf.layers.mean(out)
+    net.add_backward_ops(loss)
+    return net, x
+
+
+def ifelse_grad(xs):
+    """d mean(ifelse(sum(x) > 0, 2x, tanh x)) / dx."""
+    rows = xs.sum(axis=1, keepdims=True) > 0
+    return np.where(rows, 2.0, 1.0 - np.tanh(xs) ** 2) / xs.size
+
+
+def live_scopes():
+    gc.collect()  # scopes other tests left in reference cycles
+    return live_scope_count()
+
+
+def test_sub_block_scopes_do_not_pile_up_in_the_callers_scope():
+    net, x = ifelse_net()
+    scope = nf.Scope()
+    xs = np.array([[1.0, 2.0], [-1.0, -3.0], [0.5, -0.25]])
+    put(scope, "x", xs)
+    net.run(scope)
+    live = live_scopes()
+    for _ in range(5):
+        net.run(scope)
+    assert scope.kids == []
+    assert live_scopes() == live
+    np.testing.assert_allclose(get(scope, x.name + "@GRAD"), ifelse_grad(xs))
+
+
+def test_while_step_scopes_do_not_pile_up_in_the_callers_scope():
+    net = nf.Net.create()
+    with net.building():
+        i = nf.layers.fill_constant([1], "int64", 0)
+        n = nf.layers.fill_constant([1], "int64", 3)
+        cond = nf.layers.less_than(i, n)
+        loop = nf.While(cond)
+        with loop.block():
+            nf.layers.increment(i)
+            nf.layers.less_than(i, n, out=cond)
+    scope = nf.Scope()
+    net.run(scope)
+    live = live_scopes()
+    for _ in range(3):
+        net.run(scope)
+    assert scope.kids == [] and live_scopes() == live
+    np.testing.assert_array_equal(get(scope, i.name), [3])
+
+
+def test_split_forward_and_backward_runs_keep_only_the_newest_step_scopes():
+    net, x = ifelse_net()
+    forward = next(i for i, op in enumerate(net.ops) if op.type == "mean") + 1
+    scope = nf.Scope()
+    xs = np.array([[1.0, 2.0], [-1.0, -3.0]])
+    put(scope, "x", xs)
+    counts = []
+    for _ in range(4):
+        net.run(scope, end=forward)  # the ifelse's gradient op, run next, reads its scopes
+        net.run(scope, begin=forward)
+        counts.append((live_scopes(), len(scope.kids)))
+    assert counts[1:] == counts[:-1] and counts[0][1] == 1
+    np.testing.assert_allclose(get(scope, x.name + "@GRAD"), ifelse_grad(xs))
+    net.run(scope, end=forward)  # forward-only runs do not pile up either
+    net.run(scope, end=forward)
+    assert (live_scopes(), len(scope.kids)) == counts[-1]
+    net.run(scope)  # a whole run writes the scopes again: the kept local is dropped
+    assert scope.kids == []
