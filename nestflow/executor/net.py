@@ -27,7 +27,7 @@ from nestflow.errors import (
     ShapeError,
     UninitializedError,
 )
-from nestflow.executor.executor import Executor, check_feed
+from nestflow.executor.executor import Executor, _scope_value, _store, check_feed
 from nestflow.executor.plan import BlockPlan, Frame
 from nestflow.executor.prune import prune
 from nestflow.framework import framework_pb2 as pb
@@ -232,7 +232,7 @@ class PlainNet(Net):
         trial = Program.from_desc(self.program.to_desc())
         block = trial.global_block()
         for var in block.vars.values():
-            held = _value_of(scope, var.name)
+            held = _scope_value(scope, var.name)
             if isinstance(held, np.ndarray):
                 var.shape, var.dtype = tuple(held.shape), held.dtype.name
         for op in block.ops:
@@ -253,7 +253,7 @@ class PlainNet(Net):
             name
             for op in startup.global_block().ops
             for name in op.output_names()
-            if name and _value_of(scope, name) is None
+            if name and _scope_value(scope, name) is None
         ]
         if missing:
             self._executor(context).run(prune(startup, sorted(set(missing))), scope=scope)
@@ -287,7 +287,7 @@ class PlainNet(Net):
             env = frame.env
             slot_of = plan.slot_of
             for name, required in ops.needs:
-                value = _value_of(scope, name)
+                value = _scope_value(scope, name)
                 if value is None:
                     if not required:
                         continue
@@ -299,8 +299,8 @@ class PlainNet(Net):
             _run_steps(frame, begin, end)
             for name in ops.written:
                 value = env[slot_of[name]]
-                if value is not None:
-                    _store(scope, name, value)
+                if value is not None:  # where the variable lives, up the parent chain
+                    _store(scope.find_scope(name) or scope, name, value)
             keep = local is not scope and bool(ops.read_later)
             self._retire_kept(scope, ops.written, local if keep else None, ops.read_later)
         finally:
@@ -446,25 +446,6 @@ def _run_steps(frame: Frame, begin: int, end: int) -> None:
         raise type(exc)(exc.message, location=plan.ops[index].location()) from exc
     except Exception as exc:
         raise plan.runtime_error(index, env, exc) from exc
-
-
-def _value_of(scope: Scope, name: str) -> Any:
-    var = scope.find_var(name)
-    if var is None:
-        return None
-    held = var._value
-    return held._array if isinstance(held, Tensor) else held
-
-
-def _store(scope: Scope, name: str, value: Any) -> None:
-    var = scope.find_var(name) or scope.var(name)
-    if isinstance(value, np.ndarray):
-        tensor = var._value
-        if not isinstance(tensor, Tensor):
-            tensor = var.get_mutable(Tensor)
-        tensor._array = value
-    else:
-        var.set_value(value)
 
 
 class NetBuilder:

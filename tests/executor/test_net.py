@@ -75,6 +75,18 @@ def test_run_in_a_kid_scope_reads_parents_and_keeps_new_vars_local():
     np.testing.assert_array_equal(get(steps[1], "c"), [[4.0, 4.0, 4.0]])
 
 
+def test_run_in_a_kid_scope_writes_a_parents_variable_where_it_lives():
+    net = scale_mul_net()
+    outer = nf.Scope()
+    put(outer, "w", np.eye(3, dtype="float32"))
+    put(outer, "b", np.zeros((1, 3), "float32"))
+    kid = outer.new_scope()
+    put(kid, "a", np.ones((1, 3), "float32"))
+    net.run(kid)
+    assert kid.find_local_var("b") is None and kid.find_local_var("c") is not None
+    np.testing.assert_array_equal(get(outer, "b"), [[2.0, 2.0, 2.0]])
+
+
 def test_missing_input_names_the_variable_and_its_reader():
     net = scale_mul_net()
     scope = nf.Scope()
