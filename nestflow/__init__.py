@@ -19,7 +19,6 @@ from nestflow.core import CPUPlace, CUDAPlace, Place, Scope, Tensor, Variable
 from nestflow.executor import (
     Executor,
     Net,
-    NetBuilder,
     PlainNet,
     append_backward,
     global_scope,
@@ -38,6 +37,7 @@ from nestflow.framework import (
     unique_name,
 )
 from nestflow.layers import ParamAttr, data, initializer
+from nestflow.layers.net_builder import NetBuilder
 from nestflow.layers.seed_api import get_variable, minibatch, sequence, var
 from nestflow.ops import seed
 

@@ -1,8 +1,9 @@
-"""Running program descriptions: Executor, plans, and (later) Net/PlainNet, backward, prune."""
+"""Running program descriptions: Executor, plans, Net/PlainNet, backward, prune (nf.NetBuilder,
+which builds nets with nf.layers, is frontend: nestflow.layers.net_builder)."""
 
 from nestflow.executor.backward import append_backward, gradients
 from nestflow.executor.executor import Executor, global_scope
-from nestflow.executor.net import Net, NetBuilder, PlainNet
+from nestflow.executor.net import Net, PlainNet
 from nestflow.executor.prune import prune
 
 __all__ = [
@@ -10,7 +11,6 @@ __all__ = [
     "append_backward",
     "gradients",
     "Net",
-    "NetBuilder",
     "PlainNet",
     "global_scope",
     "prune",

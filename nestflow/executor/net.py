@@ -1,4 +1,4 @@
-"""Net, PlainNet and NetBuilder (seed 003): a list of ops run directly in a scope.
+"""Net and PlainNet (seed 003): a list of ops run directly in a scope.
 
 Unlike `Executor.run`, which keeps temporaries in the run's own env and writes back only
 persistables, a Net runs in the scope it is given: every variable its ops write is left there
@@ -20,14 +20,13 @@ import numpy as np
 
 from nestflow.core.place import Place
 from nestflow.core.scope import Scope
-from nestflow.core.tensor import Tensor
 from nestflow.errors import (
     DTypeError,
     NestflowError,
     ShapeError,
     UninitializedError,
 )
-from nestflow.executor.executor import Executor, _scope_value, _store, check_feed
+from nestflow.executor.executor import Executor, _scope_value, _store
 from nestflow.executor.plan import BlockPlan, Frame
 from nestflow.executor.prune import prune
 from nestflow.framework import framework_pb2 as pb
@@ -448,89 +447,4 @@ def _run_steps(frame: Frame, begin: int, end: int) -> None:
         raise plan.runtime_error(index, env, exc) from exc
 
 
-class NetBuilder:
-    """Seed 003's NetBuilder: layer-style building of a Net, then backward, optimizer, run.
-
-        builder = nf.NetBuilder(nf.Net.create())
-        image = builder.data("image", [-1, 784])
-        hidden = builder.add_op("fc", input=image, size=100, activation="sigmoid")
-        ...
-        builder.backward_from(avg_loss)
-        builder.add_optimization(1e-4, "adam")
-        builder.run(scope, feed={"image": xs, "label": ys})
-
-    `add_op(type, ...)` calls the nf.layers function of that name (`activation=` is its
-    `act=`) inside the net and returns its output variable(s). Backward and optimizer ops are
-    added on the first `run(need_backward=True)`; forward-only runs stop after the last op
-    added through the builder.
-    """
-
-    def __init__(self, net: Net | None = None):
-        self.net = net if net is not None else Net.create()
-        self.last_forward_op = 0
-        self.need_rebuild = True
-        self.loss: VarDesc | None = None
-        self.optimization: dict[str, Any] | None = None
-
-    def data(self, name: str, shape: Sequence[int], dtype: Any = "float32") -> VarDesc:
-        """A variable the caller puts in the scope (or feeds to `run`)."""
-        return self.net.add_var(name, shape, dtype, stop_gradient=True)
-
-    def add_op(self, type: str, *args: Any, **kwargs: Any) -> Any:
-        """Append the layer `type` (an nf.layers function) with these arguments; returns its
-        output variable. Variable names in the arguments are resolved to the net's VarDescs."""
-        from nestflow import layers
-
-        if not self.need_rebuild:
-            raise NestflowError(
-                "the net already has backward/optimizer ops: add every forward op first"
-            )
-        layer = getattr(layers, type, None)
-        if layer is None or not callable(layer):
-            raise NestflowError(f"NetBuilder.add_op: nf.layers has no layer '{type}'")
-        if "activation" in kwargs:
-            kwargs["act"] = kwargs.pop("activation")
-        args = tuple(self._resolve(a) for a in args)
-        kwargs = {k: v if k in ("act", "name") else self._resolve(v) for k, v in kwargs.items()}
-        with self.net.building():
-            out = layer(*args, **kwargs)
-        self.last_forward_op = len(self.net)
-        return out
-
-    def backward_from(self, loss: VarDesc | str) -> None:
-        self.loss = self.net._var(loss)
-
-    def add_optimization(self, learning_rate: float, type: str = "sgd", **options: Any) -> None:
-        self.optimization = {"type": type, "learning_rate": learning_rate, **options}
-
-    def run(
-        self,
-        scope: Scope,
-        context: Any = None,
-        need_backward: bool = True,
-        feed: Mapping[str, Any] | None = None,
-    ) -> None:
-        """One pass over the net in `scope`: forward, backward and optimizer ops, or with
-        need_backward=False the forward ops only. `feed` values are put in the scope first."""
-        for name, value in (feed or {}).items():
-            array = check_feed(self.net._var(name), value)
-            scope.var(name).get_mutable(Tensor)._array = array
-        if not need_backward:
-            self.net.run(scope, context, 0, self.last_forward_op)
-            return
-        if self.need_rebuild:
-            if self.loss is None:
-                raise NestflowError("NetBuilder.run needs backward_from(loss) first")
-            self.net.add_backward_ops(self.loss)
-            if self.optimization is not None:
-                self.net.add_optimizer_ops(self.optimization)
-            self.need_rebuild = False
-        self.net.run(scope, context)
-
-    def _resolve(self, value: Any) -> Any:
-        if isinstance(value, str) and self.net.block.find_var(value) is not None:
-            return self.net.block.find_var(value)
-        return value
-
-
-__all__ = ["Net", "NetBuilder", "PlainNet"]
+__all__ = ["Net", "PlainNet"]

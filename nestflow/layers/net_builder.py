@@ -1,0 +1,104 @@
+"""NetBuilder (seed 003): layer-style building of a Net, then backward, optimizer and run.
+
+A frontend class (it builds the net's ops with nf.layers), so it lives above the executor that
+runs the net.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nestflow import layers
+from nestflow.core.scope import Scope
+from nestflow.core.tensor import Tensor
+from nestflow.errors import NestflowError
+from nestflow.executor.executor import check_feed
+from nestflow.executor.net import Net
+from nestflow.framework.program import VarDesc
+
+
+class NetBuilder:
+    """Seed 003's NetBuilder: layer-style building of a Net, then backward, optimizer, run.
+
+        builder = nf.NetBuilder(nf.Net.create())
+        image = builder.data("image", [-1, 784])
+        hidden = builder.add_op("fc", input=image, size=100, activation="sigmoid")
+        ...
+        builder.backward_from(avg_loss)
+        builder.add_optimization(1e-4, "adam")
+        builder.run(scope, feed={"image": xs, "label": ys})
+
+    `add_op(type, ...)` calls the nf.layers function of that name (`activation=` is its
+    `act=`) inside the net and returns its output variable(s). Backward and optimizer ops are
+    added on the first `run(need_backward=True)`; forward-only runs stop after the last op
+    added through the builder.
+    """
+
+    def __init__(self, net: Net | None = None):
+        self.net = net if net is not None else Net.create()
+        self.last_forward_op = 0
+        self.need_rebuild = True
+        self.loss: VarDesc | None = None
+        self.optimization: dict[str, Any] | None = None
+
+    def data(self, name: str, shape: Sequence[int], dtype: Any = "float32") -> VarDesc:
+        """A variable the caller puts in the scope (or feeds to `run`)."""
+        return self.net.add_var(name, shape, dtype, stop_gradient=True)
+
+    def add_op(self, type: str, *args: Any, **kwargs: Any) -> Any:
+        """Append the layer `type` (an nf.layers function) with these arguments; returns its
+        output variable. Variable names in the arguments are resolved to the net's VarDescs."""
+        if not self.need_rebuild:
+            raise NestflowError(
+                "the net already has backward/optimizer ops: add every forward op first"
+            )
+        layer = getattr(layers, type, None)
+        if layer is None or not callable(layer):
+            raise NestflowError(f"NetBuilder.add_op: nf.layers has no layer '{type}'")
+        if "activation" in kwargs:
+            kwargs["act"] = kwargs.pop("activation")
+        args = tuple(self._resolve(a) for a in args)
+        kwargs = {k: v if k in ("act", "name") else self._resolve(v) for k, v in kwargs.items()}
+        with self.net.building():
+            out = layer(*args, **kwargs)
+        self.last_forward_op = len(self.net)
+        return out
+
+    def backward_from(self, loss: VarDesc | str) -> None:
+        self.loss = self.net._var(loss)
+
+    def add_optimization(self, learning_rate: float, type: str = "sgd", **options: Any) -> None:
+        self.optimization = {"type": type, "learning_rate": learning_rate, **options}
+
+    def run(
+        self,
+        scope: Scope,
+        context: Any = None,
+        need_backward: bool = True,
+        feed: Mapping[str, Any] | None = None,
+    ) -> None:
+        """One pass over the net in `scope`: forward, backward and optimizer ops, or with
+        need_backward=False the forward ops only. `feed` values are put in the scope first."""
+        for name, value in (feed or {}).items():
+            array = check_feed(self.net._var(name), value)
+            scope.var(name).get_mutable(Tensor)._array = array
+        if not need_backward:
+            self.net.run(scope, context, 0, self.last_forward_op)
+            return
+        if self.need_rebuild:
+            if self.loss is None:
+                raise NestflowError("NetBuilder.run needs backward_from(loss) first")
+            self.net.add_backward_ops(self.loss)
+            if self.optimization is not None:
+                self.net.add_optimizer_ops(self.optimization)
+            self.need_rebuild = False
+        self.net.run(scope, context)
+
+    def _resolve(self, value: Any) -> Any:
+        if isinstance(value, str) and self.net.block.find_var(value) is not None:
+            return self.net.block.find_var(value)
+        return value
+
+
+__all__ = ["NetBuilder"]
