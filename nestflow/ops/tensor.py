@@ -103,7 +103,8 @@ class cast:
 
 @register_op
 class increment:
-    """Out = X + step, keeping X's dtype (a loop counter; no gradient)."""
+    """Out = X + step, keeping X's dtype (a loop counter). dOut/dX = 1 (Paddle's
+    increment_grad) for a floating-point X; an integer counter has no gradient."""
 
     inputs, outputs = ("X",), ("Out",)
     attrs = {"step": 1.0}
@@ -111,6 +112,9 @@ class increment:
 
     def forward(X, step):
         return np.asarray(X + step).astype(X.dtype, copy=False)
+
+    def backward(X, Out, Out_grad, step):
+        return (Out_grad if is_floating(X.dtype) else None,)
 
 
 @register_op

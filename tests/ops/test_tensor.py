@@ -242,6 +242,14 @@ CASES = [
         {"step": -1.5},
         id="increment-float",
     ),
+    OpCase(
+        "increment",
+        {"X": rand(2, 3)},
+        lambda X, step: {"Out": X + 0.25},
+        {"step": 0.25},
+        grad=("X",),
+        id="increment-grad",
+    ),
     OpCase("fill_zeros_like", {"X": X234}, lambda X: {"Out": np.zeros_like(X)}),
     OpCase(
         "fill_any_like",
@@ -434,3 +442,19 @@ def test_split_grad_with_one_missing_part_reads_zeros_for_it():
     feed.update(g0=np.ones((2, 2)), q=np.full((2, 2), 7.0))
     (grad,) = nf.Executor().run(feed=feed, fetch_list=["x@GRAD"], scope=nf.Scope())
     np.testing.assert_array_equal(grad, np.vstack([np.ones((2, 2)), np.zeros((2, 2))]))
+
+
+def test_increment_passes_the_gradient_through_append_backward():
+    main = nf.Program()
+    with nf.program_guard(main, nf.Program()):
+        x = nf.data("x", shape=[2, 3], dtype="float64")
+        x.stop_gradient = False
+        block = main.global_block()
+        out = block.create_var("x_plus", shape=[2, 3], dtype="float64")
+        block.append_op("increment", {"X": [x]}, {"Out": [out]}, {"step": 2.0})
+        loss = nf.layers.mean(out)
+        nf.append_backward(loss)
+    (grad,) = nf.Executor().run(
+        main, feed={"x": np.ones((2, 3))}, fetch_list=["x@GRAD"], scope=nf.Scope()
+    )
+    np.testing.assert_allclose(grad, np.full((2, 3), 1 / 6))
