@@ -35,14 +35,43 @@ def grad_var_name(name: str) -> str:
     return name + GRAD_SUFFIX
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+_STDLIB_DIR = os.path.join(os.path.dirname(os.__file__), "")
+_USER, _STDLIB, _NESTFLOW = 0, 1, 2
+_file_kinds: dict[str, int] = {}
+
+
+def _file_kind(filename: str) -> int:
+    kind = _file_kinds.get(filename)
+    if kind is None:
+        if filename.startswith(_PACKAGE_DIR):
+            kind = _NESTFLOW
+        elif filename.startswith("<frozen ") or (
+            filename.startswith(_STDLIB_DIR)
+            and not {"site-packages", "dist-packages"} & set(filename.split(os.sep))
+        ):
+            kind = _STDLIB
+        else:
+            kind = _USER
+        _file_kinds[filename] = kind
+    return kind
 
 
 def user_source_line() -> str:
-    """'file.py:12 in fn' for the innermost frame outside the nestflow package."""
+    """'file.py:12 in fn' for the innermost frame of the user's code, outside the nestflow
+    package and the standard library: ops a @contextmanager builds when its `with` block
+    exits (a While's op) have contextlib's frames between them and the user's `with` line.
+    With no such frame, the innermost one outside nestflow."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    fallback = None
+    while frame is not None:
+        kind = _file_kind(frame.f_code.co_filename)
+        if kind == _USER:
+            break
+        if kind == _STDLIB and fallback is None:
+            fallback = frame
         frame = frame.f_back
+    frame = frame if frame is not None else fallback
     if frame is None:
         return ""
     return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
