@@ -16,7 +16,13 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from nestflow.core.dtype import dtype_name
-from nestflow.errors import NestflowError, OpLocation, ProgramDecodeError, UnknownOpError
+from nestflow.errors import (
+    NestflowError,
+    OpLocation,
+    ProgramDecodeError,
+    TypeMismatchError,
+    UnknownOpError,
+)
 from nestflow.framework import framework_pb2 as pb
 from nestflow.framework import unique_name
 
@@ -706,7 +712,9 @@ def switch_startup_program(program: Program) -> Program:
 def program_guard(main_program: Program, startup_program: Program | None = None):
     """Within the block, layers append to `main_program` and initializers to `startup_program`."""
     if not isinstance(main_program, Program):
-        raise TypeError("program_guard expects a nf.Program as main_program")
+        raise TypeMismatchError(
+            f"program_guard expects a nf.Program as main_program, got {type(main_program).__name__}"
+        )
     previous_main = switch_main_program(main_program)
     previous_startup = (
         switch_startup_program(startup_program) if startup_program is not None else None

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from nestflow.core.dtype import dtype_name
+from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.framework import unique_name
 from nestflow.framework.program import (
     Block,
@@ -13,6 +18,38 @@ from nestflow.framework.program import (
     default_startup_program,
 )
 from nestflow.layers.initializer import Constant, Initializer, ParamAttr, Xavier
+
+
+def as_float(value: Any, what: str) -> float:
+    """`value` (a Python or NumPy number) as a float; AttrError naming `what` otherwise."""
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise AttrError(f"{what} must be a number, got {type(value).__name__} ({value!r})")
+
+
+def literal_array(values: Any, dtype: Any, what: str) -> np.ndarray:
+    """`values` given literally (a NumPy array, nested lists, a number) as an array of `dtype`
+    (None: the values' own, a list of Python floats being float32): ShapeError if ragged,
+    DTypeError if they do not convert."""
+    try:
+        array = np.asarray(values)
+    except ValueError as exc:
+        raise ShapeError(f"{what}: {values!r} is not a rectangular array ({exc})") from None
+    if dtype is None:
+        from_python = not isinstance(values, np.ndarray)
+        dtype = "float32" if array.dtype == np.float64 and from_python else array.dtype
+    dtype = dtype_name(dtype)
+    try:
+        return array.astype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise DTypeError(f"{what}: {values!r} cannot be converted to {dtype} ({exc})") from None
+
+
+def as_int(value: Any, what: str) -> int:
+    """`value` (a Python or NumPy integer) as an int; AttrError naming `what` otherwise."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise AttrError(f"{what} must be an int, got {type(value).__name__} ({value!r})")
 
 
 def current_block() -> Block:

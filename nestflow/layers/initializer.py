@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from nestflow.errors import AttrError
 from nestflow.framework.program import VarDesc
 
 
@@ -136,4 +137,4 @@ class ParamAttr:
             return ParamAttr(initializer=attr)
         if isinstance(attr, ParamAttr):
             return attr
-        raise TypeError(f"param_attr must be a name, Initializer, ParamAttr or False, not {attr!r}")
+        raise AttrError(f"param_attr must be a name, Initializer, ParamAttr or False, not {attr!r}")

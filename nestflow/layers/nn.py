@@ -6,6 +6,7 @@ mul + elementwise_add + activation rather than having its own kernel.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,8 +16,11 @@ from nestflow.framework import unique_name
 from nestflow.framework.program import VarDesc
 from nestflow.layers.helper import (
     append_op,
+    as_float,
+    as_int,
     create_parameter,
     current_block,
+    literal_array,
     parameter_from_attr,
     zeros_initializer,
 )
@@ -27,6 +31,10 @@ Number = (int, float)
 
 def data(name: str, shape: Sequence[int], dtype: Any = "float32", lengths: bool = False) -> VarDesc:
     """A variable the user feeds at run time; -1 (or None) marks a dimension of any size."""
+    if any(d is not None and not isinstance(d, numbers.Integral) for d in shape):
+        raise ShapeError(
+            f"data '{name}': shape {list(shape)} must hold ints (-1 or None: any size)"
+        )
     shape = [-1 if d is None else int(d) for d in shape]
     return current_block().create_var(name, shape, dtype, stop_gradient=True)
 
@@ -34,7 +42,8 @@ def data(name: str, shape: Sequence[int], dtype: Any = "float32", lengths: bool 
 def fill_constant(
     shape: Sequence[int], dtype: Any = "float32", value: float = 0.0, name: str | None = None
 ) -> VarDesc:
-    attrs = {"shape": list(shape), "dtype": dtype_name(dtype), "value": float(value)}
+    value = as_float(value, "fill_constant: value")
+    attrs = {"shape": list(shape), "dtype": dtype_name(dtype), "value": value}
     return append_op("fill_constant", {}, attrs, name=name, stop_gradient=True)
 
 
@@ -51,6 +60,7 @@ def fc(
 
     Parameters are named `<name>.w` and `<name>.b` (name defaults to a unique `fc_N`).
     """
+    size = as_int(size, "fc: size")
     prefix = name or unique_name.generate("fc")
     in_features = 1
     for d in input.shape[num_flatten_dims:]:
@@ -108,14 +118,22 @@ def add_scalar(x: VarDesc, y: Any, name=None) -> VarDesc:
 def scale(
     x: VarDesc, scale: float = 1.0, bias: float = 0.0, bias_after_scale: bool = True, name=None
 ) -> VarDesc:
-    attrs = {"scale": float(scale), "bias": float(bias), "bias_after_scale": bias_after_scale}
+    attrs = {
+        "scale": as_float(scale, "scale: scale"),
+        "bias": as_float(bias, "scale: bias"),
+        "bias_after_scale": bias_after_scale,
+    }
     return append_op("scale", {"X": x}, attrs, name=name)
 
 
 def matmul(
     x, y, transpose_x: bool = False, transpose_y: bool = False, alpha: float = 1.0, name=None
 ) -> VarDesc:
-    attrs = {"transpose_X": transpose_x, "transpose_Y": transpose_y, "alpha": float(alpha)}
+    attrs = {
+        "transpose_X": transpose_x,
+        "transpose_Y": transpose_y,
+        "alpha": as_float(alpha, "matmul: alpha"),
+    }
     return append_op("matmul", {"X": x, "Y": y}, attrs, name=name)
 
 
@@ -233,11 +251,10 @@ def cast(x, dtype, name=None) -> VarDesc:
     return append_op("cast", {"X": x}, {"out_dtype": dtype_name(dtype)}, name=name)
 
 
-def slice(
-    input, axes: Sequence[int], starts: Sequence[int], ends: Sequence[int], name=None
-) -> VarDesc:
+def slice(x, axes: Sequence[int], starts: Sequence[int], ends: Sequence[int], name=None) -> VarDesc:
+    """x[starts[i]:ends[i]] along each of `axes` (negative indices count from the end)."""
     attrs = {"axes": list(axes), "starts": list(starts), "ends": list(ends)}
-    return append_op("slice", {"Input": input}, attrs, name=name)
+    return append_op("slice", {"Input": x}, attrs, name=name)
 
 
 def concat(input: Sequence[VarDesc], axis: int = 0, name=None) -> VarDesc:
@@ -290,7 +307,8 @@ def dropout(
     x, dropout_prob: float = 0.5, is_test: bool = False, seed: int = 0, name=None
 ) -> VarDesc:
     """Zero elements with probability p during training, scaling the rest by 1/(1-p)."""
-    attrs = {"dropout_prob": float(dropout_prob), "is_test": is_test, "seed": seed}
+    prob = as_float(dropout_prob, "dropout: dropout_prob")
+    attrs = {"dropout_prob": prob, "is_test": is_test, "seed": seed}
     out, _mask = append_op("dropout", {"X": x}, attrs, outputs=("Out", "Mask"), name=name)
     return out
 
@@ -311,12 +329,27 @@ def increment(x, value: float = 1.0, in_place: bool = True, name=None) -> VarDes
     """x + value; in place by default (the loop counter of a While)."""
     out = x if in_place else None
     return append_op(
-        "increment", {"X": x}, {"step": float(value)}, name=name, out=out, stop_gradient=True
+        "increment",
+        {"X": x},
+        {"step": as_float(value, "increment: value")},
+        name=name,
+        out=out,
+        stop_gradient=True,
     )
 
 
 def assign(input, output: VarDesc | None = None, name=None) -> VarDesc:
-    return append_op("assign", {"X": input}, name=name, out=output)
+    """A copy of `input` (a variable, or a NumPy array / nested list given literally) in
+    `output` (a new variable if None)."""
+    if isinstance(input, VarDesc):
+        return append_op("assign", {"X": input}, name=name, out=output)
+    values = literal_array(input, None, "assign")
+    attrs = {
+        "shape": list(values.shape),
+        "dtype": dtype_name(values.dtype),
+        "values": values.ravel().tolist(),
+    }
+    return append_op("assign_value", {}, attrs, name=name, out=output)
 
 
 def Print(

@@ -10,7 +10,7 @@ import numpy as np
 from nestflow.errors import NestflowError
 from nestflow.framework import unique_name
 from nestflow.framework.program import VarDesc
-from nestflow.layers.helper import create_parameter, current_block
+from nestflow.layers.helper import create_parameter, current_block, literal_array
 from nestflow.layers.initializer import Constant
 
 
@@ -32,7 +32,7 @@ def _literal(values: np.ndarray, declared_shape: Sequence[int], prefix: str, **f
 
 def minibatch(rows: Sequence[Any], dtype: Any = "float32") -> VarDesc:
     """A [N, 1] minibatch variable holding `rows` (declared [-1, 1]: N is a batch dim)."""
-    values = np.asarray(rows, dtype=dtype)
+    values = literal_array(rows, dtype, "minibatch")
     values = values.reshape(len(values), -1)
     return _literal(values, [-1, *values.shape[1:]], "minibatch", stop_gradient=True)
 
@@ -40,7 +40,7 @@ def minibatch(rows: Sequence[Any], dtype: Any = "float32") -> VarDesc:
 def sequence(steps: Sequence[Any], dtype: Any = "float32") -> VarDesc:
     """One sequence of len(steps) time steps: a [1, T, F] batch of sequences (F = 1 for
     scalars), declared [-1, -1, F] and marked is_sequence so an RNN slices it per step."""
-    values = np.asarray(steps, dtype=dtype)
+    values = literal_array(steps, dtype, "sequence")
     values = values.reshape(1, len(values), -1)
     return _literal(
         values, [-1, -1, *values.shape[2:]], "sequence", stop_gradient=True, is_sequence=True
@@ -51,7 +51,7 @@ def var(
     value: Any = 0.0, param: bool = False, dtype: Any = "float32", name: str | None = None
 ) -> VarDesc:
     """A [1] variable holding `value`; with param=True a trainable parameter initialised to it."""
-    values = np.asarray(value, dtype=dtype).reshape(-1)
+    values = literal_array(value, dtype, "var").reshape(-1)
     if param:
         return create_parameter(
             list(values.shape),
