@@ -5,12 +5,17 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
+from typing import Any
 
+import numpy as np
+
+from nestflow.core.tensor import Tensor
 from nestflow.core.variable import _SCOPE_TOKEN, Variable
 from nestflow.errors import NestflowError, ScopeDestroyedError
 
 _live_scopes: weakref.WeakSet[Scope] = weakref.WeakSet()
 _unique_ids = itertools.count()
+_NOTHING_HELD: tuple[dict[str, int], list] = ({}, [])
 
 
 def live_scope_count() -> int:
@@ -24,12 +29,20 @@ class Scope:
     `var` creates-or-gets locally, `find_var` searches this scope then its parents. Destroying a
     scope (drop_kids / delete_scope on its parent) destroys its variables and kids, and any kept
     reference to them then raises ScopeDestroyedError. All methods are thread-safe.
+
+    A step scope keeps a finished block's values (`_hold`) as a list of values plus a name ->
+    index map, and makes them Variables only when something asks for a variable by name: the
+    executor and the gradient ops read such values without a Variable per name (`_value`,
+    `_local_value`), and to everything else the scope looks as if it held the Variables all
+    along.
     """
 
     def __init__(self, parent: Scope | None = None):
         self._parent = parent
         self._vars: dict[str, Variable] = {}
         self._kids: list[Scope] = []
+        # Values kept by `_hold` and not made Variables yet: (name -> index, values), or None.
+        self._held: tuple[dict[str, int], list] | None = None
         self._alive = True
         # One lock per scope tree: creating a kid and reading the parent chain must not race.
         self._lock: threading.RLock = parent._lock if parent is not None else threading.RLock()
@@ -71,6 +84,8 @@ class Scope:
         """
         self._check_alive()
         with self._lock:
+            if self._held is not None:
+                self._materialize()
             if name is None:
                 name = f"_generated_var_{next(_unique_ids)}"
                 while name in self._vars:
@@ -85,6 +100,8 @@ class Scope:
         self._check_alive()
         scope = self
         while scope is not None:
+            if scope._held is not None:
+                scope._materialize()
             variable = scope._vars.get(name)
             if variable is not None:
                 return variable
@@ -93,6 +110,8 @@ class Scope:
 
     def find_local_var(self, name: str) -> Variable | None:
         self._check_alive()
+        if self._held is not None:
+            self._materialize()
         return self._vars.get(name)
 
     def find_scope(self, name: str) -> Scope | None:
@@ -100,6 +119,8 @@ class Scope:
         self._check_alive()
         scope = self
         while scope is not None:
+            if scope._held is not None:
+                scope._materialize()
             if name in scope._vars:
                 return scope
             scope = scope._parent
@@ -108,6 +129,8 @@ class Scope:
     def local_var_names(self) -> list[str]:
         self._check_alive()
         with self._lock:
+            if self._held is not None:
+                self._materialize()
             return list(self._vars)
 
     def __contains__(self, name: str) -> bool:
@@ -119,6 +142,8 @@ class Scope:
         if isinstance(names, str):  # one name, not its characters
             names = [names]
         with self._lock:
+            if self._held is not None:
+                self._materialize()
             for name in names:
                 variable = self._vars.pop(name, None)
                 if variable is not None:
@@ -128,6 +153,8 @@ class Scope:
         """Rename a local variable; the Variable object (and what it holds) is kept."""
         self._check_alive()
         with self._lock:
+            if self._held is not None:
+                self._materialize()
             if old not in self._vars:
                 raise NestflowError(f"cannot rename '{old}': no such variable in this scope")
             if new in self._vars and new != old:
@@ -135,6 +162,83 @@ class Scope:
             variable = self._vars.pop(old)
             variable._name = new
             self._vars[new] = variable
+
+    def _hold(self, slots: dict[str, int], values: list) -> None:
+        """Keep `values[slot]` as this scope's variable of each name in `slots` (a None value:
+        no variable), as `var(name).set_value(...)` would, ndarrays in Tensors; `values` must not
+        change afterwards (a finished frame's env). In a scope with no variables yet the
+        Variables are made only when something asks for them by name."""
+        self._check_alive()
+        with self._lock:
+            if not self._vars and self._held is None:
+                self._held = (slots, values)
+                return
+            if self._held is not None:
+                self._materialize()
+            self._make_vars(slots, values)
+
+    def _materialize(self) -> None:
+        """Make the held values Variables (the lock makes this happen once)."""
+        with self._lock:
+            held = self._held
+            if held is not None:
+                self._make_vars(*held)
+                # Cleared last: a reader that sees None finds every Variable in place.
+                self._held = None
+
+    def _make_vars(self, slots: dict[str, int], values: list) -> None:
+        variables = self._vars
+        for name, slot in slots.items():
+            value = values[slot]
+            if value is None:
+                continue
+            variable = variables.get(name)
+            if variable is None:
+                variable = variables[name] = Variable(_SCOPE_TOKEN, name)
+            variable._value = Tensor._holding(value) if isinstance(value, np.ndarray) else value
+
+    def _held_only(self) -> tuple[dict[str, int], list] | None:
+        """(name -> index, values) of a scope whose variables are all still held values (empty
+        for a scope with no variables); None once it has Variables."""
+        held = self._held  # read first: _materialize fills _vars before it clears _held
+        if self._vars:
+            return None
+        return _NOTHING_HELD if held is None else held
+
+    def _local_value(self, name: str, absent: Any = None) -> Any:
+        """The value this scope itself holds for `name` (a Tensor's array), without making a
+        Variable; `absent` when it has no such variable (a variable holding nothing: None)."""
+        self._check_alive()
+        variable = self._vars.get(name)
+        if variable is not None:
+            held = variable._value
+            return held._array if isinstance(held, Tensor) else held
+        held = self._held
+        if held is not None:
+            slot = held[0].get(name)
+            if slot is not None:
+                value = held[1][slot]
+                if value is not None:
+                    return value
+        return absent
+
+    def _value(self, name: str) -> Any:
+        """The value of `find_var(name)` (a Tensor's array; None if absent or empty), without
+        making Variables of held values."""
+        self._check_alive()
+        scope = self
+        while scope is not None:
+            variable = scope._vars.get(name)
+            if variable is not None:
+                held = variable._value
+                return held._array if isinstance(held, Tensor) else held
+            held = scope._held
+            if held is not None:
+                slot = held[0].get(name)
+                if slot is not None and held[1][slot] is not None:
+                    return held[1][slot]
+            scope = scope._parent
+        return None
 
     def delete_scope(self, kid: Scope) -> None:
         """Destroy one kid scope, its variables and its own kids."""
@@ -158,6 +262,7 @@ class Scope:
         with self._lock:
             kids, self._kids = self._kids, []
             variables, self._vars = self._vars, {}
+            self._held = None
             self._alive = False
         for kid in kids:
             kid._destroy()
@@ -168,4 +273,6 @@ class Scope:
     def __repr__(self) -> str:
         if not self._alive:
             return "Scope(destroyed)"
+        if self._held is not None:
+            self._materialize()
         return f"Scope(vars={len(self._vars)}, kids={len(self._kids)})"

@@ -10,6 +10,9 @@ from nestflow.core.dtype import dtype_name
 from nestflow.core.place import CPUPlace, Place
 from nestflow.errors import UninitializedError
 
+# Places are immutable, so every Tensor made without one shares this one.
+_HOST = CPUPlace()
+
 
 class Tensor:
     """A possibly unallocated n-d array on a Place.
@@ -23,7 +26,15 @@ class Tensor:
 
     def __init__(self, place: Place | None = None):
         self._array = None
-        self.place = place if place is not None else CPUPlace()
+        self.place = place if place is not None else _HOST
+
+    @classmethod
+    def _holding(cls, array) -> Tensor:
+        """A host Tensor holding `array` itself (no copy): how a scope keeps a computed value."""
+        tensor = cls.__new__(cls)
+        tensor._array = array
+        tensor.place = _HOST
+        return tensor
 
     def is_allocated(self) -> bool:
         return self._array is not None

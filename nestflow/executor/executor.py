@@ -158,10 +158,19 @@ class Executor:
         return value
 
     def run_sub_block(
-        self, block: Block, scope: Scope, values: Mapping[str, Any], parent: Frame
+        self,
+        block: Block,
+        scope: Scope,
+        values: Mapping[str, Any],
+        parent: Frame,
+        outer: dict | None = None,
     ) -> Frame:
         """Run a sub-block in `scope`: `values` are bound by name, other inputs come from the
-        enclosing frames and the scope chain."""
+        scope chain, then the enclosing frames.
+
+        `outer`: a dict a control-flow op keeps while it runs one block in many kid scopes of
+        one scope (its step scopes). A value not held by `scope` itself is looked up once
+        beyond it and remembered there: nothing outside the op changes while it runs."""
         plans = parent.plan.__dict__.setdefault("_sub_plans", {})
         plan = plans.get(block.idx)
         if plan is None or plan.block is not block:
@@ -173,10 +182,36 @@ class Executor:
             slot = slot_of.get(name)
             if slot is not None:
                 env[slot] = value
-        for name in plan.external_inputs:
-            slot = slot_of[name]
-            if env[slot] is None:
-                env[slot] = parent.lookup(name) if scope is None else _lookup(frame, parent, name)
+        held = None
+        if outer is not None and scope is not None:
+            # The remembered values hold for one parent scope and one enclosing frame.
+            known = outer.get(None)
+            if known is None or known[0] is not scope.parent or known[1] is not parent:
+                outer.clear()
+                outer[None] = (scope.parent, parent)
+            held = scope._held_only()
+        if held is not None:
+            # A step scope holding only its kept values: read them, and remembered outer ones,
+            # in place (what _lookup gives, without a call per name).
+            index_of, held_values = held
+            for name in plan.external_inputs:
+                slot = slot_of[name]
+                if env[slot] is None:
+                    index = index_of.get(name)
+                    value = None if index is None else held_values[index]
+                    if value is None:
+                        value = outer.get(name, outer)
+                        if value is outer:
+                            value = _lookup(frame, parent, name, outer)
+                    env[slot] = value
+        else:
+            for name in plan.external_inputs:
+                slot = slot_of[name]
+                if env[slot] is None:
+                    if scope is None:
+                        env[slot] = parent.lookup(name)
+                    else:
+                        env[slot] = _lookup(frame, parent, name, outer)
         frame.run()
         return frame
 
@@ -188,19 +223,30 @@ class Executor:
         return self.run(small, feed=feed, fetch_list=targets, scope=scope)
 
 
-def _lookup(frame: Frame, parent: Frame, name: str) -> Any:
-    value = _scope_value(frame.scope, name)
+def _lookup(frame: Frame, parent: Frame, name: str, outer: dict | None = None) -> Any:
+    """`name` in the frame's scope chain, else in the enclosing frames; with `outer` (see
+    run_sub_block) whatever lies beyond the frame's own scope is remembered there."""
+    scope = frame.scope
+    if outer is None:
+        value = _scope_value(scope, name)
+        return value if value is not None else parent.lookup(name)
+    # `outer` doubles as the marker for "no such variable here": a scope never holds it.
+    value = scope._local_value(name, outer)
+    if value is outer:
+        value = outer.get(name, outer)
+        if value is outer:
+            value = _scope_value(scope.parent, name)
+            if value is None:
+                value = parent.lookup(name)
+            outer[name] = value
+        return value
     return value if value is not None else parent.lookup(name)
 
 
 def _scope_value(scope: Scope | None, name: str) -> Any:
-    if scope is None:
-        return None
-    var = scope.find_var(name)
-    if var is None:
-        return None
-    held = var._value
-    return held._array if isinstance(held, Tensor) else held
+    """The value of scope.find_var(name) (a Tensor's array), None if absent; step scopes'
+    held values are read as they are (Scope._value), without making Variables of them."""
+    return None if scope is None else scope._value(name)
 
 
 def _search_kid_scopes(scope: Scope, name: str) -> Any:

@@ -102,7 +102,8 @@ class Frame:
             return self.env[slot]
         if self.parent is not None:
             return self.parent.lookup(name)
-        return _value_in_scope(self.scope, name)
+        # Scope._value: as find_var, without making Variables of a step scope's held values.
+        return None if self.scope is None else self.scope._value(name)
 
     def value(self, name: str) -> Any:
         slot = self.plan.slot_of.get(name)
@@ -111,25 +112,22 @@ class Frame:
     def store_in_scope(self, scope=None, names=None) -> None:
         """Keep this frame's values as variables of `scope` (default: the frame's scope), so a
         gradient op can run in that scope later. By default every variable the block declares
-        itself is kept (outer variables stay where they are)."""
-        from nestflow.core.tensor import Tensor
-
+        itself is kept (outer variables stay where they are); `names` may also be a ready
+        name -> slot map. The frame must have finished: the scope keeps its env as it is and
+        makes Variables of it only when asked for one by name (Scope._hold)."""
         scope = scope if scope is not None else self.scope
-        block = self.plan.block
-        if names is None:
-            names = [n for n in self.plan.names if n in block.vars]
-        for name in names:
-            slot = self.plan.slot_of.get(name)
-            value = None if slot is None else self.env[slot]
-            if value is None:
-                continue
-            var = scope.var(name)
-            if isinstance(value, np.ndarray):
-                tensor = Tensor()
-                tensor._array = value
-                var.set_value(tensor)
-            else:
-                var.set_value(value)
+        plan = self.plan
+        if isinstance(names, dict):
+            slots = names
+        elif names is None:
+            slots = plan.__dict__.get("_kept_slots")
+            if slots is None:
+                declared = plan.block.vars
+                slots = {n: plan.slot_of[n] for n in plan.names if n in declared}
+                plan.__dict__["_kept_slots"] = slots
+        else:
+            slots = {n: plan.slot_of[n] for n in names if n in plan.slot_of}
+        scope._hold(slots, self.env)
 
     def run(self, keep: frozenset[str] | None = None) -> None:
         """Run every op. With `keep` (the names the caller still wants afterwards), big

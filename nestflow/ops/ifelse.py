@@ -36,17 +36,49 @@ def row_mask(cond: Any, op_name: str = "ifelse") -> np.ndarray:
 
 def scope_array(scope, name: str) -> Any:
     """The value a kept step scope holds for `name` (a Tensor's array, or the raw value)."""
-    var = scope.find_local_var(name)
-    if var is None or var._value is None:
-        return None
-    held = var._value
-    return getattr(held, "_array", held) if type(held).__name__ == "Tensor" else held
+    return scope._local_value(name)
 
 
 def store_step(frame, scope, bound: dict[str, Any]) -> None:
     """Keep the block's own variables and the values bound for this step in `scope`."""
-    declared = [n for n in frame.plan.names if n in frame.plan.block.vars]
-    frame.store_in_scope(scope, names=declared + [n for n in bound if n not in declared])
+    plan = frame.plan
+    # One name -> slot map per block and set of bound names, shared by every step scope.
+    cache = plan.__dict__.setdefault("_step_slots", {})
+    key = tuple(bound)
+    slots = cache.get(key)
+    if slots is None:
+        declared = [n for n in plan.names if n in plan.block.vars]
+        names = declared + [n for n in bound if n not in declared and n in plan.slot_of]
+        slots = cache[key] = {n: plan.slot_of[n] for n in names}
+    frame.store_in_scope(scope, slots)
+
+
+class GradSum:
+    """A gradient summed over the steps of a control-flow op. The first step's gradient is
+    kept as it is (it may be a value another op still holds); the second makes a new array,
+    which the later ones are added into in place (same shape and dtype: the result is what
+    out-of-place sums give)."""
+
+    __slots__ = ("value", "_owned")
+
+    def __init__(self):
+        self.value: Any = None
+        self._owned = False
+
+    def add(self, grad: Any) -> None:
+        total = self.value
+        if total is None:
+            self.value = grad
+        elif (
+            self._owned
+            and type(grad) is np.ndarray
+            and grad.shape == total.shape
+            and grad.dtype == total.dtype
+        ):
+            np.add(total, grad, out=total)
+        else:
+            total = self.value = total + grad
+            self._owned = type(total) is np.ndarray
 
 
 def _branch_value(frame, bound: dict[str, Any], name: str) -> Any:

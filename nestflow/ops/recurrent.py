@@ -28,7 +28,7 @@ import numpy as np
 
 from nestflow.errors import ControlFlowError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
-from nestflow.ops.ifelse import scope_array, store_step
+from nestflow.ops.ifelse import GradSum, scope_array, store_step
 from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
 
 
@@ -152,13 +152,14 @@ class recurrent:
             )
         scopes = []
         collected: list[list[np.ndarray]] = [[] for _ in outs]
+        run_block, remembered = ctx.executor.run_sub_block, {}
         for t in range(steps):
             active = _active(lengths, t)
             scope = ctx.scope.new_scope()
             scopes.append(scope)
             bound = {name: value[:, t] for name, value in zip(in_names, sequences)}
             bound.update(current)
-            frame = ctx.run_block(block, scope, bound)
+            frame = run_block(block, scope, bound, ctx.frame, remembered)
             store_step(frame, scope, bound)
             for name, update in zip(memories, updates):
                 new = _step_value(frame, bound, update)
@@ -300,18 +301,20 @@ class recurrent_grad:
         batch, steps = _sequences(ctx.op.input("Inputs"), sequences)
         lengths = _lengths(ctx.input("Lengths"), batch, steps, "Lengths")
         x_grads: list[Any] = [None] * len(sequences)
-        p_grads: list[Any] = [None] * len(params)
         # Gradient w.r.t. each memory's value after the step being processed: after the last
         # step, that of the final value (zero if nothing reads it).
         final_grads = ctx.inputs("FinalMemories" + GRAD_SUFFIX)
         flowing: dict[str, Any] = {m: g for m, g in zip(memories, final_grads) if g is not None}
+        seeded_outs = [item for item in zip(outs, out_seeds, out_grads) if item[1]]
+        seeded_memories = [item for item in zip(memories, mem_seeds, mem_grads) if item[1]]
+        x_wanted = [(i, name) for i, name in enumerate(attrs["input_grads"]) if name]
+        p_sums = [(GradSum(), name) for name in attrs["param_grads"]]
+        run_block, parent, remembered = ctx.executor.run_sub_block, ctx.frame, {}
         for t in reversed(range(len(scopes))):
             scope = scopes[t]
-            active = _active(lengths, t)
+            active = None if lengths is None else _active(lengths, t)
             values: dict[str, Any] = {}
-            for name, seed, grad in zip(outs, out_seeds, out_grads):
-                if not seed:
-                    continue
+            for name, seed, grad in seeded_outs:
                 step = scope_array(scope, name)
                 shape = np.shape(step) if step is not None else None
                 if grad is None:
@@ -321,9 +324,7 @@ class recurrent_grad:
                     part = part.reshape(shape) if shape is not None else part
                 values[seed] = values[seed] + part if seed in values else part
             passed: dict[str, Any] = {}
-            for name, seed in zip(memories, mem_seeds):
-                if not seed:
-                    continue
+            for name, seed, _ in seeded_memories:
                 grad = flowing.get(name)
                 if grad is None:
                     grad = np.zeros_like(scope_array(scope, name))
@@ -332,27 +333,26 @@ class recurrent_grad:
                     passed[name] = np.where(rows, np.zeros((), grad.dtype), grad)
                     grad = np.where(rows, grad, np.zeros((), grad.dtype))
                 values[seed] = values[seed] + grad if seed in values else grad
-            frame = ctx.run_block(grad_block, scope, values)
-            for name, seed, grad_name in zip(memories, mem_seeds, mem_grads):
-                if not seed:
-                    continue
+            frame = run_block(grad_block, scope, values, parent, remembered)
+            for name, _, grad_name in seeded_memories:
                 grad = _grad_value(frame, values, grad_name)
                 if grad is None:
                     grad = np.zeros_like(scope_array(scope, name))
                 if name in passed:
                     grad = grad + passed[name]
                 flowing[name] = grad
-            for i, grad_name in enumerate(attrs["input_grads"]):
+            for i, grad_name in x_wanted:
                 grad = _grad_value(frame, values, grad_name)
                 if grad is None:
                     continue
                 if x_grads[i] is None:
                     x_grads[i] = np.zeros(sequences[i].shape, dtype=grad.dtype)
                 x_grads[i][:, t] += grad
-            for i, grad_name in enumerate(attrs["param_grads"]):
+            for total, grad_name in p_sums:
                 grad = _grad_value(frame, values, grad_name)
                 if grad is not None:
-                    p_grads[i] = grad if p_grads[i] is None else p_grads[i] + grad
+                    total.add(grad)
+        p_grads = [total.value for total, _ in p_sums]
         boot_grads = []
         for name, boot in zip(memories, boots):
             grad = flowing.get(name)

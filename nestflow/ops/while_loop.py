@@ -17,7 +17,7 @@ import numpy as np
 
 from nestflow.errors import ControlFlowError, MaxStepsExceededError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
-from nestflow.ops.ifelse import scope_array, store_step
+from nestflow.ops.ifelse import GradSum, scope_array, store_step
 from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
 
 
@@ -58,6 +58,7 @@ class while_:
         current = {name: given[name] if name in given else ctx.lookup(name) for name in carried}
         cond = ctx.input("Condition")
         scopes = []
+        run_block, remembered = ctx.executor.run_sub_block, {}
         while _truth(cond, cond_name):
             if 0 <= max_steps <= len(scopes):
                 raise MaxStepsExceededError(
@@ -66,7 +67,7 @@ class while_:
                 )
             scope = ctx.scope.new_scope()
             bound = dict(current)
-            frame = ctx.run_block(body, scope, bound)
+            frame = run_block(body, scope, bound, ctx.frame, remembered)
             store_step(frame, scope, bound)
             for outer, name in zip(carried, inner):
                 current[outer] = frame.value(name)
@@ -137,8 +138,9 @@ class while_grad:
         x_values = ctx.inputs("X")
         upstream = dict(zip(carried, ctx.inputs("Out" + GRAD_SUFFIX)))
         flowing = {o: upstream.get(o) for o, s in zip(carried, seeds) if s}
-        summed: dict[str, Any] = {}
+        summed: dict[str, GradSum] = {}
         grad_block = attrs["grad_block"]
+        run_block, remembered = ctx.executor.run_sub_block, {}
         for scope in reversed(ctx.input("StepScopes") or []):
             values = {}
             for outer, name, seed in zip(carried, inner, seeds):
@@ -148,7 +150,7 @@ class while_grad:
                 if grad is None:
                     grad = zero_grad_like(scope_array(scope, name))
                 values[seed] = grad
-            frame = ctx.run_block(grad_block, scope, values)
+            frame = run_block(grad_block, scope, values, ctx.frame, remembered)
             for name, grad_name in zip(x_names, attrs["x_grads"]):
                 grad = None
                 if grad_name:
@@ -157,12 +159,15 @@ class while_grad:
                 if name in flowing:
                     flowing[name] = grad  # None: the old value did not reach the new one
                 elif grad is not None:
-                    summed[name] = grad if name not in summed else summed[name] + grad
+                    summed.setdefault(name, GradSum()).add(grad)
         env = ctx.frame.env
         for index, name, value in zip(ctx.out_slots.get("X" + GRAD_SUFFIX, []), x_names, x_values):
             if index < 0:
                 continue
-            grad = flowing.get(name) if name in flowing else summed.get(name)
+            if name in flowing:
+                grad = flowing[name]
+            else:
+                grad = summed[name].value if name in summed else None
             if grad is None and (_is_float(value) or isinstance(value, list)):
                 grad = zero_grad_like(value)
             env[index] = grad
