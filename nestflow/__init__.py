@@ -8,9 +8,10 @@ with nf.program_guard(main, startup):
 exe = nf.Executor(nf.CPUPlace())
 """
 
+from typing import TYPE_CHECKING
+
 from nestflow import (
     errors,
-    io,
     layers,
     ops,  # noqa: E402  (registers every operator)
     optimizer,
@@ -49,6 +50,25 @@ While = layers.While
 rnn = layers.RNN
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from nestflow import io
+
+# Imported on first use (safetensors, tempfile): most programs never save or load a file.
+_LAZY_MODULES = ("io",)
+
+
+def __getattr__(name: str):
+    if name in _LAZY_MODULES:
+        import importlib
+
+        return importlib.import_module(f"nestflow.{name}")
+    raise AttributeError(f"module 'nestflow' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_MODULES})
+
 
 __all__ = [
     "Block",
