@@ -308,7 +308,8 @@ class recurrent_grad:
         seeded_outs = [item for item in zip(outs, out_seeds, out_grads) if item[1]]
         seeded_memories = [item for item in zip(memories, mem_seeds, mem_grads) if item[1]]
         x_wanted = [(i, name) for i, name in enumerate(attrs["input_grads"]) if name]
-        p_sums = [(GradSum(), name) for name in attrs["param_grads"]]
+        p_sums = [GradSum() for _ in attrs["param_grads"]]
+        p_wanted = [(total, name) for total, name in zip(p_sums, attrs["param_grads"]) if name]
         run_block, parent, remembered = ctx.executor.run_sub_block, ctx.frame, {}
         for t in reversed(range(len(scopes))):
             scope = scopes[t]
@@ -316,12 +317,13 @@ class recurrent_grad:
             values: dict[str, Any] = {}
             for name, seed, grad in seeded_outs:
                 step = scope_array(scope, name)
-                shape = np.shape(step) if step is not None else None
+                shape = None if step is None else getattr(step, "shape", None) or np.shape(step)
                 if grad is None:
                     part = np.zeros(shape, dtype=np.asarray(step).dtype)
                 else:
                     part = _masked(grad[:, t], active)
-                    part = part.reshape(shape) if shape is not None else part
+                    if shape is not None and part.shape != shape:
+                        part = part.reshape(shape)
                 values[seed] = values[seed] + part if seed in values else part
             passed: dict[str, Any] = {}
             for name, seed, _ in seeded_memories:
@@ -334,25 +336,26 @@ class recurrent_grad:
                     grad = np.where(rows, grad, np.zeros((), grad.dtype))
                 values[seed] = values[seed] + grad if seed in values else grad
             frame = run_block(grad_block, scope, values, parent, remembered)
+            env, slot_of = frame.env, frame.plan.slot_of
             for name, _, grad_name in seeded_memories:
-                grad = _grad_value(frame, values, grad_name)
+                grad = _step_grad(env, slot_of, values, grad_name)
                 if grad is None:
                     grad = np.zeros_like(scope_array(scope, name))
                 if name in passed:
                     grad = grad + passed[name]
                 flowing[name] = grad
             for i, grad_name in x_wanted:
-                grad = _grad_value(frame, values, grad_name)
+                grad = _step_grad(env, slot_of, values, grad_name)
                 if grad is None:
                     continue
                 if x_grads[i] is None:
                     x_grads[i] = np.zeros(sequences[i].shape, dtype=grad.dtype)
                 x_grads[i][:, t] += grad
-            for total, grad_name in p_sums:
-                grad = _grad_value(frame, values, grad_name)
+            for total, grad_name in p_wanted:
+                grad = _step_grad(env, slot_of, values, grad_name)
                 if grad is not None:
                     total.add(grad)
-        p_grads = [total.value for total, _ in p_sums]
+        p_grads = [total.value for total in p_sums]
         boot_grads = []
         for name, boot in zip(memories, boots):
             grad = flowing.get(name)
@@ -364,10 +367,12 @@ class recurrent_grad:
         _set_grads(ctx, "Params" + GRAD_SUFFIX, p_grads, params)
 
 
-def _grad_value(frame, values: dict[str, Any], name: str) -> Any:
+def _step_grad(env: list, slot_of: dict[str, int], values: dict[str, Any], name: str) -> Any:
+    """A gradient the step's gradient block computed (its frame's env), else the one bound."""
     if not name:
         return None
-    value = frame.value(name)
+    slot = slot_of.get(name)
+    value = None if slot is None else env[slot]
     return values.get(name) if value is None else value
 
 
