@@ -27,6 +27,14 @@ nf.data feed, say). Per-row lengths (an int64 [batch] variable, from `step_input
 lengths=)` or the sequence's `lengths_var`): at steps past a row's length that row's memories
 keep their values and its outputs are zero. Other outer variables (parameters, constants) are
 read whole in every step; parameters get the sum of their per-step gradients.
+
+Hoisting (`hoist=True`, the default): when the step is built, ops of the step that depend on
+the time step only through their step inputs (`matmul(x_t, W)`, an fc of x_t, tanh of that...)
+move out of the step, before the recurrent op, and run once over the whole `[batch, time, ...]`
+sequence instead of once per step; the step reads their result's slice under the same name
+(a step input only they read is no longer sliced). Autograd then sees them as ordinary ops:
+`W`'s gradient is one product over all steps. A matmul by a matrix moves as the equivalent
+`mul` (one 2-D product over all rows). Values and gradients are the same as with hoist=False.
 """
 
 from __future__ import annotations
@@ -34,14 +42,15 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from nestflow.errors import ControlFlowError
+from nestflow.errors import ControlFlowError, NestflowError
 from nestflow.framework import unique_name
-from nestflow.framework.program import Block, VarDesc, default_main_program
+from nestflow.framework.program import Block, OpDesc, VarDesc, default_main_program
 from nestflow.layers.helper import current_block
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,6 +97,80 @@ def _compatible(a: Sequence[int], b: Sequence[int]) -> bool:
     return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
 
 
+def _writes(block: Block) -> Counter[str]:
+    """How many ops of `block`, and of the blocks nested in it, write each name."""
+    counts: Counter[str] = Counter()
+    for op in block.ops:
+        counts.update(n for n in op.output_names() if n)
+        for sub in op.sub_blocks():
+            counts.update(_writes(sub))
+    return counts
+
+
+def _op_reads(op: OpDesc) -> set[str]:
+    """The names `op` reads, with those its nested blocks read from outside themselves."""
+    names = {n for n in op.input_names() if n}
+    for sub in op.sub_blocks():
+        names.update(n for n in _reads(sub) if n not in sub.vars)
+    return names
+
+
+# Time-batchable ops: run once on whole `[batch, time, ...]` sequences, their result sliced at
+# [:, t] is exactly what they compute in the step from step t's values. Only these are hoisted.
+_UNARY = frozenset({"assign", "cast", "relu", "scale", "sigmoid", "square", "tanh"})
+_ELEMENTWISE = frozenset(
+    {"elementwise_add", "elementwise_div", "elementwise_mul", "elementwise_sub"}
+)
+_MATMUL_ATTRS = frozenset({"transpose_X", "transpose_Y", "alpha"})
+
+
+def _batched(op: OpDesc, kind) -> tuple[str, dict[str, Any]] | None:
+    """The op type and attrs computing on whole sequences what `op` computes in one step, or
+    None if there are none. `kind(name)` is ("t", rank) for a time-varying value (rank in the
+    step, batch dim first; the time dim goes in at dim 1), ("c", rank) for a time-invariant
+    one, or None. Needs a time-varying input; time-invariant ones must not reach the batch dim.
+    """
+    slots = {slot: names for slot, names in op.inputs.items() if names}
+    if any(len(names) != 1 for names in slots.values()):
+        return None
+    ins = {slot: kind(names[0]) for slot, names in slots.items()}
+    if any(k is None for k in ins.values()) or all(k[0] != "t" for k in ins.values()):
+        return None
+    attrs = dict(op.attrs)
+    if op.type in _UNARY:
+        return (op.type, attrs) if set(ins) == {"X"} else None
+    if op.type == "lookup_table":  # rows of W by ids; Ids of rank 1 would lose a [..., 1] dim
+        batched = set(ins) == {"W", "Ids"} and ins["W"][0] == "c" and ins["Ids"][1] >= 2
+        return (op.type, attrs) if batched else None
+    if set(ins) != {"X", "Y"}:
+        return None
+    (x_kind, x_rank), (y_kind, y_rank) = ins["X"], ins["Y"]
+    if op.type == "matmul":  # [B, ..., K] @ [K, N]: one product per row
+        if x_kind != "t" or x_rank < 2 or y_kind != "c" or y_rank != 2 or attrs["transpose_X"]:
+            return None
+        if not attrs["transpose_Y"] and attrs["alpha"] == 1.0:
+            # The same product as one 2-D GEMM over all rows: np.matmul would loop over the
+            # leading dims, and its Y gradient would sum a [B, K, N] stack of products.
+            extra = {k: v for k, v in attrs.items() if k not in _MATMUL_ATTRS}
+            return "mul", {**extra, "x_num_col_dims": x_rank, "y_num_col_dims": 1}
+        return op.type, attrs
+    if op.type == "mul":  # X's row dims gain the time dim
+        cols = attrs["x_num_col_dims"]
+        if x_kind == "t" and y_kind == "c" and 1 <= cols <= x_rank:
+            return op.type, {**attrs, "x_num_col_dims": cols + 1}
+        return None
+    if op.type in _ELEMENTWISE:
+        axis = attrs["axis"]
+        if x_kind == y_kind == "t":
+            return (op.type, attrs) if x_rank == y_rank else None
+        # Y lines up with X's dims from `axis` (< 0: the trailing dims), past the batch dim.
+        if x_kind == "t" and y_rank < x_rank and axis != 0:
+            return op.type, attrs if axis < 0 else {**attrs, "axis": axis + 1}
+        if y_kind == "t" and x_rank < y_rank and axis < 0:
+            return op.type, attrs
+    return None
+
+
 class _Memory:
     __slots__ = ("var", "boot", "shape", "value", "batch_ref", "update", "final")
 
@@ -109,13 +192,18 @@ class RNN:
     variable if there is one output, else a list); `final_memory(h)` gives a memory's value
     after the last step (per row: at its last step). Each time step runs in its own step scope,
     kept for the backward pass (`recurrent_grad`) and destroyed when the run ends.
+    `hoist` (default True): when the step is built, move out of it the ops that need no other
+    time-varying value than step inputs (e.g. `matmul(x_t, W)`, fc of x_t, an activation of
+    that), to run once over whole sequences before the recurrent op; same values and
+    gradients, fewer ops per step. hoist=False keeps every op in the step.
     Errors (ControlFlowError): update_memory of a variable that is not a memory of this RNN, a
     memory never updated, an update whose shape or dtype differs from the memory's, a step that
     reads no sequence, and misuse of the step block.
     """
 
-    def __init__(self, name: str | None = None):
+    def __init__(self, name: str | None = None, *, hoist: bool = True):
         self._program = default_main_program()
+        self._hoisting = hoist
         self._parent = current_block()
         self._name = name or unique_name.generate("rnn")
         self._block: Block | None = None
@@ -321,6 +409,8 @@ class RNN:
                 lengths_var = self._parent.find_var(name).lengths_var
                 if lengths_var:
                     self._set_lengths(lengths_var)
+        if self._hoisting:
+            inputs = self._hoist(inputs, used)
         boots = []
         for memory in self._memories:
             if memory.boot is None:
@@ -379,6 +469,81 @@ class RNN:
         self._results = results
         self._built = True
 
+    def _hoist(self, inputs: list[str], used: set[str]) -> list[str]:
+        """Move the step's time-batchable ops (`_batched`) out of the step, in order, when
+        each input is time-varying (a step input, or a hoisted op's output) or time-invariant
+        (an outer variable the step never writes): each runs once before the recurrent op and
+        its output, now `[batch, time, ...]` in the parent block, becomes a step input of the
+        same name. Outputs that are memories or memory updates, written twice or read before
+        they are written stay in the step. Returns the step inputs after hoisting."""
+        block, parent = self._block, self._parent
+        writes = _writes(block)
+        pinned = {m.var.name for m in self._memories} | {m.update.name for m in self._memories}
+        varying = {n: block.vars[n].ndim for n in inputs if not writes[n]}
+
+        def kind(name: str) -> tuple[str, int] | None:
+            if name in varying:
+                return ("t", varying[name]) if varying[name] else None
+            var = None if name in block.vars or writes[name] else parent.find_var(name)
+            # A declared rank 0 may stand for a shape not known yet: not provably invariant.
+            if var is None or var.type != "lod_tensor" or not var.ndim:
+                return None
+            return ("c", var.ndim)
+
+        hoisted: list[str] = []
+        read: set[str] = set()
+        for op in list(block.ops):
+            outs = op.output_names()
+            batched = _batched(op, kind) if len(outs) == 1 else None
+            if (
+                batched is not None
+                and outs[0] in block.vars
+                and writes[outs[0]] == 1
+                and outs[0] not in pinned | read
+                and parent.find_var(outs[0]) is None
+                and self._move(op, *batched)
+            ):
+                varying[outs[0]] = block.vars[outs[0]].ndim
+                hoisted.append(outs[0])
+            read |= _op_reads(op)
+        # A step input that only hoisted ops read is no longer sliced per step (the hoisted
+        # outputs carry its batch and time dims); one the step never read is kept as it was.
+        still = set(_reads(block)) | {v.name for v in self._outputs}
+        still |= {m.update.name for m in self._memories}
+        kept = [n for n in inputs + hoisted if n in still or n in inputs and n not in used]
+        kept = kept or inputs[:1]
+        for name in inputs:
+            if name not in kept:
+                block.remove_var(name)
+                del self._shadows[name]
+        return kept
+
+    def _move(self, op: OpDesc, op_type: str, attrs: dict[str, Any]) -> bool:
+        """Append `op` (as `op_type` with `attrs`) to the parent block, its output declared
+        there under the same name, and drop it from the step. Shape inference runs in the
+        parent; if it fails or the output is not [batch, time, *step shape], nothing changes
+        and False is returned."""
+        block, parent = self._block, self._parent
+        name = op.output_names()[0]
+        step_var = block.vars[name]
+        outer = parent.create_var(name, (), step_var.dtype, stop_gradient=step_var.stop_gradient)
+        try:
+            moved = parent.append_op(op_type, op.inputs, op.outputs, attrs, source=op.source)
+        except NestflowError:
+            parent.remove_var(name)
+            return False
+        shape = outer.shape
+        if (
+            outer.dtype != step_var.dtype
+            or len(shape) != step_var.ndim + 1
+            or not _compatible((shape[0], *shape[2:]), step_var.shape)
+        ):
+            parent.remove_op(moved.index)
+            parent.remove_var(name)
+            return False
+        block.remove_op(op.index)
+        return True
+
     def _boot(self, memory: _Memory, first_input: str) -> VarDesc:
         ref = memory.batch_ref.name if memory.batch_ref is not None else first_input
         boot = self._parent.create_var(
@@ -414,9 +579,9 @@ class RNN:
         return self._results[0] if len(self._results) == 1 else list(self._results)
 
 
-def rnn(name: str | None = None) -> RNN:
+def rnn(name: str | None = None, *, hoist: bool = True) -> RNN:
     """The seed's `pd.rnn()`."""
-    return RNN(name)
+    return RNN(name, hoist=hoist)
 
 
 __all__ = ["RNN"]
