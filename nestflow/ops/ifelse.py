@@ -50,7 +50,7 @@ def store_step(frame, scope, bound: dict[str, Any]) -> None:
         declared = [n for n in plan.names if n in plan.block.vars]
         names = declared + [n for n in bound if n not in declared and n in plan.slot_of]
         slots = cache[key] = {n: plan.slot_of[n] for n in names}
-    frame.store_in_scope(scope, slots)
+    scope._hold(slots, frame.env)  # what frame.store_in_scope(scope, slots) does
 
 
 class GradSum:

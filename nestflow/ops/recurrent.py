@@ -154,7 +154,7 @@ class recurrent:
         collected: list[list[np.ndarray]] = [[] for _ in outs]
         run_block, remembered = ctx.executor.run_sub_block, {}
         for t in range(steps):
-            active = _active(lengths, t)
+            active = None if lengths is None else _active(lengths, t)
             scope = ctx.scope.new_scope()
             scopes.append(scope)
             bound = {name: value[:, t] for name, value in zip(in_names, sequences)}
