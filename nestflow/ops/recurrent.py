@@ -350,7 +350,8 @@ class recurrent_grad:
                     continue
                 if x_grads[i] is None:
                     x_grads[i] = np.zeros(sequences[i].shape, dtype=grad.dtype)
-                x_grads[i][:, t] += grad
+                # Each step's slice is written once (steps never repeat): a copy, not an add.
+                x_grads[i][:, t] = grad
             for total, grad_name in p_wanted:
                 grad = _step_grad(env, slot_of, values, grad_name)
                 if grad is not None:
