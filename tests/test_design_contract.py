@@ -137,11 +137,6 @@ def test_lower_layers_never_import_higher_ones(package):
     assert _upward_imports(package) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nestflow/executor/net.py Net.add_optimizer_ops imports the frontend package "
-    "nestflow.optimizer (executor uses frontend: against the one-way layer diagram)",
-)
 def test_executor_never_imports_the_frontend():
     assert _upward_imports("executor") == []
 
@@ -576,12 +571,6 @@ def test_execution_snippet_matches_numpy(rng):
         np.testing.assert_array_equal(before, after)  # eval trains nothing
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nestflow/executor/executor.py Executor.eval runs the pruned program with the whole "
-    "feed; the pruned program no longer declares 'y', so a feed of `main`'s own variable 'y' "
-    "raises FeedError ('feed 'y' is not a variable of the program')",
-)
 def test_eval_accepts_the_same_feed_as_run(rng):
     main, startup, x, y, h, p, loss = _mlp()
     scope, exe = nf.Scope(), nf.Executor(nf.CPUPlace())
@@ -753,11 +742,6 @@ def test_data_marks_unknown_dims_with_minus_one():
     assert got.shape == (5, 3)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nestflow/executor/executor.py Executor.run/_bind_feeds: a fed variable that no op "
-    "reads has no plan slot, so fetching it raises FetchError instead of returning the feed",
-)
 def test_a_fed_variable_can_be_fetched_back():
     x = nf.data("x", shape=[-1, 3], dtype="float32")
     (got,) = _run([x], {"x": np.ones((5, 3), np.float32)})
@@ -1275,6 +1259,13 @@ def test_every_error_kind_derives_from_nestflow_error():
     assert [k.__name__ for k in kinds if not issubclass(k, nf.errors.NestflowError)] == []
 
 
+def _one_data_program():
+    program = nf.Program()
+    with nf.program_guard(program, nf.Program()):
+        L.scale(nf.data("x", shape=[-1, 1], dtype="float32"), 2.0)
+    return program
+
+
 _BAD_CALLS = {
     "data shape of strings": lambda: nf.data("x", shape=[-1, "a"]),
     "data unknown dtype": lambda: nf.data("x", shape=[-1, 2], dtype="floatz"),
@@ -1297,23 +1288,10 @@ _BAD_CALLS = {
     "Net.add_op unknown": lambda: nf.Net.create().add_op("nope", inputs={}, outputs={}),
     "NetBuilder unknown": lambda: nf.NetBuilder(nf.Net.create()).add_op("nope"),
     "Tensor.mutable_data dtype": lambda: nf.Tensor().mutable_data((2,), "floatz"),
-    "Tensor.set ragged": pytest.param(
-        lambda: nf.Tensor().set([[1, 2], [3]]),
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="nestflow/core/tensor.py Tensor.set: NumPy's ValueError for a ragged list "
-            "escapes instead of a NestflowError (ShapeError)",
-        ),
-    ),
-    "exe.run(str)": pytest.param(
-        lambda: nf.Executor(nf.CPUPlace()).run("main"),
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="nestflow/executor/executor.py Executor.run/_plan: a non-Program raises "
-            "TypeError 'cannot create weak reference to 'str' object' (WeakKeyDictionary), "
-            "not a NestflowError saying a Program was expected",
-        ),
-    ),
+    "Tensor.set ragged": lambda: nf.Tensor().set([[1, 2], [3]]),
+    "exe.run(str)": lambda: nf.Executor(nf.CPUPlace()).run("main"),
+    "exe.run bad scope": lambda: nf.Executor(nf.CPUPlace()).run(nf.Program(), scope={}),
+    "feed ragged": lambda: nf.Executor().run(feed={"x": [[1.0], []]}, program=_one_data_program()),
 }
 
 

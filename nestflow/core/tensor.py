@@ -8,7 +8,7 @@ import numpy as np
 
 from nestflow.core.dtype import dtype_name
 from nestflow.core.place import CPUPlace, Place
-from nestflow.errors import UninitializedError
+from nestflow.errors import ShapeError, UninitializedError
 
 # Places are immutable, so every Tensor made without one shares this one.
 _HOST = CPUPlace()
@@ -65,9 +65,12 @@ class Tensor:
 
     def set(self, array, place: Place | None = None) -> None:
         """Hold a copy of `array` (any array-like)."""
-        if place is not None:
-            self.place = place
-        self._array = self.place.array_module.array(array, copy=True)
+        place = place if place is not None else self.place
+        try:
+            self._array = place.array_module.array(array, copy=True)
+        except (ValueError, TypeError) as err:
+            raise ShapeError(f"Tensor.set needs a rectangular array-like: {err}") from None
+        self.place = place
 
     def numpy(self) -> np.ndarray:
         """A host NumPy copy of the data."""

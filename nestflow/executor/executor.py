@@ -16,7 +16,13 @@ import numpy as np
 from nestflow.core.place import CPUPlace, Place
 from nestflow.core.scope import Scope
 from nestflow.core.tensor import Tensor
-from nestflow.errors import FeedError, FetchError, NestflowError, UninitializedError
+from nestflow.errors import (
+    FeedError,
+    FetchError,
+    NestflowError,
+    TypeMismatchError,
+    UninitializedError,
+)
 from nestflow.executor.plan import BlockPlan, Frame
 from nestflow.framework.program import Block, Program, VarDesc
 from nestflow.ops.random_state import program_generator
@@ -88,7 +94,13 @@ class Executor:
         from nestflow.framework.program import default_main_program
 
         program = program if program is not None else default_main_program()
+        if not isinstance(program, Program):
+            raise TypeMismatchError(
+                f"Executor.run expects a nestflow Program, got {type(program).__name__}"
+            )
         scope = scope if scope is not None else _global_scope
+        if not isinstance(scope, Scope):
+            raise TypeMismatchError(f"Executor.run expects a Scope, got {type(scope).__name__}")
         feed = feed or {}
         fetch_names = [f.name if isinstance(f, VarDesc) else str(f) for f in (fetch_list or [])]
         prepared = self._plan(program)
@@ -101,7 +113,7 @@ class Executor:
             frame = Frame(plan, local, self)
             frame.check_nan_inf = checking  # this run's choice; sub-block frames inherit it
             env = frame.env
-            self._bind_feeds(block, plan, env, feed)
+            fed_only = self._bind_feeds(block, plan, env, feed)
             self._bind_persistables(prepared, scope, env, feed)
             for name in prepared.required_feeds:
                 if env[plan.slot_of[name]] is None:
@@ -111,7 +123,7 @@ class Executor:
                     env[plan.slot_of[name]] = value
             with program_generator(program):
                 frame.run(keep=frozenset(fetch_names))
-            results = [self._fetch(frame, local, name) for name in fetch_names]
+            results = [self._fetch(frame, local, name, fed_only) for name in fetch_names]
             for slot, name in prepared.persistable_writes:
                 value = env[slot]
                 if value is not None:
@@ -123,16 +135,18 @@ class Executor:
             results = [_to_numpy(r) for r in results]
         return results
 
-    def _bind_feeds(self, block: Block, plan: BlockPlan, env: list, feed: Mapping[str, Any]):
-        for name, value in feed.items():
-            name = name.name if isinstance(name, VarDesc) else name
-            desc = block.find_var(name)
-            if desc is None:
-                raise FeedError(f"feed '{name}' is not a variable of the program")
+    def _bind_feeds(
+        self, block: Block, plan: BlockPlan, env: list, feed: Mapping[str, Any]
+    ) -> dict[str, np.ndarray]:
+        """Checks and binds `feed`; returns the fed values no op reads (they can be fetched)."""
+        fed_only = {}
+        for name, array in _checked_feeds(block, feed).items():
             slot = plan.slot_of.get(name)
-            array = check_feed(desc, value)
             if slot is not None:
                 env[slot] = array
+            else:
+                fed_only[name] = array
+        return fed_only
 
     def _bind_persistables(self, prepared: _ProgramPlan, scope: Scope, env: list, feed):
         for slot, name in prepared.persistable_reads:
@@ -147,8 +161,10 @@ class Executor:
                 )
             env[slot] = value
 
-    def _fetch(self, frame: Frame, local: Scope, name: str) -> Any:
+    def _fetch(self, frame: Frame, local: Scope, name: str, fed_only: dict) -> Any:
         value = frame.value(name)
+        if value is None:
+            value = fed_only.get(name)
         if value is None:
             value = _scope_value(local, name)
         if value is None:
@@ -219,7 +235,16 @@ class Executor:
         """Seed 002's Eval: prune `program` to what `targets` need, run that, return targets."""
         from nestflow.executor.prune import prune_cached
 
+        if not isinstance(program, Program):
+            raise TypeMismatchError(
+                f"Executor.eval expects a nestflow Program, got {type(program).__name__}"
+            )
         small = prune_cached(program, targets)
+        # The same feed as a run of `program` is accepted: feeds of its variables that the
+        # pruned program no longer needs are checked, then left out.
+        kept = small.global_block()
+        arrays = _checked_feeds(program.global_block(), feed or {})
+        feed = {name: a for name, a in arrays.items() if kept.find_var(name) is not None}
         return self.run(small, feed=feed, fetch_list=targets, scope=scope)
 
 
@@ -283,11 +308,27 @@ def _to_numpy(value: Any) -> Any:
     return value
 
 
+def _checked_feeds(block: Block, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Each fed value as an array of its variable's dtype, by name; FeedError for a name the
+    block does not declare or a value of the wrong shape or dtype."""
+    arrays = {}
+    for name, value in feed.items():
+        name = name.name if isinstance(name, VarDesc) else name
+        desc = block.find_var(name)
+        if desc is None:
+            raise FeedError(f"feed '{name}' is not a variable of the program")
+        arrays[name] = check_feed(desc, value)
+    return arrays
+
+
 def check_feed(desc: VarDesc, value: Any) -> np.ndarray:
     """The fed value as an array of the variable's dtype; FeedError on a shape or dtype clash."""
     if isinstance(value, Tensor):
         value = value.data()
-    array = np.asarray(value)
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as err:
+        raise FeedError(f"feed '{desc.name}' is not an array: {err}") from None
     want = np.dtype(desc.dtype)
     if array.dtype != want:
         same_kind = (array.dtype.kind in "fc") == (want.kind in "fc") and not (

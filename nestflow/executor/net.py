@@ -21,12 +21,14 @@ import numpy as np
 from nestflow.core.place import Place
 from nestflow.core.scope import Scope
 from nestflow.errors import (
+    AttrError,
     DTypeError,
     NestflowError,
     ShapeError,
     UninitializedError,
 )
 from nestflow.executor.executor import Executor, _scope_value, _store
+from nestflow.executor.optimize import append_optimizer_ops
 from nestflow.executor.plan import BlockPlan, Frame
 from nestflow.executor.prune import prune
 from nestflow.framework import framework_pb2 as pb
@@ -205,22 +207,19 @@ class PlainNet(Net):
 
     def add_optimizer_ops(self, attrs: Mapping[str, Any]) -> None:
         """Append optimizer ops for the gradients add_backward_ops made, e.g.
-        `{"type": "adam", "learning_rate": 1e-4, "beta1": 0.9}`: "type" picks nf.optimizer's
-        SGD/Momentum/Adam and the other keys are its arguments. Optimizer state (moments,
-        learning rate) is created in the scope the first time the net runs there."""
-        # The optimizer frontend builds the update ops and their state's init ops.
-        from nestflow import optimizer as optimizers
-
+        `{"type": "adam", "learning_rate": 1e-4, "beta1": 0.9}`: "type" is sgd, momentum or
+        adam (default sgd) and the other keys are nf.optimizer's arguments of that name.
+        Optimizer state (moments, learning rate) is created in the scope the first time the
+        net runs there."""
         if self._params_grads is None:
             raise NestflowError("add_optimizer_ops needs add_backward_ops(loss) first")
         options = dict(attrs)
         kind = str(options.pop("type", "sgd")).lower()
-        classes = {"sgd": optimizers.SGD, "momentum": optimizers.Momentum, "adam": optimizers.Adam}
-        if kind not in classes:
-            raise NestflowError(f"unknown optimizer type '{kind}'; known: {sorted(classes)}")
-        opt = classes[kind](**options)
+        if "learning_rate" not in options and kind != "adam":
+            raise AttrError(f"add_optimizer_ops: optimizer '{kind}' needs a 'learning_rate'")
+        learning_rate = options.pop("learning_rate", 1e-3)
         with self.building():
-            opt.apply_gradients(self._params_grads)
+            append_optimizer_ops(self._params_grads, kind, learning_rate, **options)
 
     # ---- running ----
     def infer_shape(self, scope: Scope) -> dict[str, tuple[int, ...]]:

@@ -3,11 +3,9 @@
     loss = nf.layers.mean(...)
     nf.optimizer.Adam(learning_rate=1e-3).minimize(loss)
 
-The update ops (`sgd`, `momentum`, `adam` in nestflow/ops/optimizer.py) write each parameter
-and its state in place, after the backward ops. Optimizer state (velocity, moments, beta
-powers) and the learning rate are persistable variables of the main program's global block,
-initialised by fill_constant ops in the startup program, so they live in the scope across runs
-and are saved with the parameters. Change the learning rate between steps with
+The update ops and their state are built by nestflow.executor.optimize (shared with
+Net.add_optimizer_ops): optimizer state and the learning rate are persistable variables
+initialised by the startup program. Change the learning rate between steps with
 `set_learning_rate(value, scope)`.
 """
 
@@ -22,14 +20,9 @@ from nestflow.core.scope import Scope
 from nestflow.core.tensor import Tensor
 from nestflow.errors import NestflowError
 from nestflow.executor.backward import append_backward
+from nestflow.executor.optimize import append_optimizer_ops, check_hyper_parameters, is_number
 from nestflow.framework import unique_name
-from nestflow.framework.program import (
-    Block,
-    OpDesc,
-    Program,
-    VarDesc,
-    default_startup_program,
-)
+from nestflow.framework.program import OpDesc, Program, VarDesc
 
 ParamsGrads = list[tuple[VarDesc, VarDesc]]
 
@@ -39,13 +32,14 @@ class Optimizer:
 
     type = ""
 
-    def __init__(self, learning_rate: float, weight_decay: float | None = None):
-        if not isinstance(learning_rate, (int, float)) or learning_rate < 0:
+    def __init__(self, learning_rate: float, weight_decay: float | None = None, **hyper: Any):
+        if not is_number(learning_rate) or learning_rate < 0:
             raise NestflowError(f"learning_rate must be a number >= 0, got {learning_rate!r}")
-        if weight_decay is not None and not isinstance(weight_decay, (int, float)):
+        if weight_decay is not None and not is_number(weight_decay):
             raise NestflowError(f"weight_decay must be a float or None, got {weight_decay!r}")
         self.learning_rate = float(learning_rate)
         self.weight_decay = float(weight_decay) if weight_decay else None
+        self.hyper = check_hyper_parameters(self.type, hyper)
         self.name = unique_name.generate(self.type)
         self.learning_rate_var: VarDesc | None = None
         self._startup: Program | None = None
@@ -76,20 +70,17 @@ class Optimizer:
 
     def apply_gradients(self, params_grads: ParamsGrads) -> list[OpDesc]:
         """Append one update op per (param, grad) (after weight decay, if set); returns them."""
-        pairs = [(p, g) for p, g in params_grads if g is not None]
-        if not pairs:
-            return []
-        block = pairs[0][0].block.program.global_block()
-        startup = (self._startup or default_startup_program()).global_block()
-        wide = any(np.dtype(p.dtype) == np.float64 for p, _ in pairs)
-        dtype = "float64" if wide else "float32"
-        lr = self._state(block, startup, "learning_rate", [1], dtype, self.learning_rate)
-        self.learning_rate_var = lr
-        ops = []
-        for param, grad in pairs:
-            if self.weight_decay:
-                grad = _with_weight_decay(block, param, grad, self.weight_decay)
-            ops.append(self._append_update(block, startup, param, grad, lr))
+        ops, lr = append_optimizer_ops(
+            params_grads,
+            self.type,
+            self.learning_rate,
+            name=self.name,
+            startup_program=self._startup,
+            weight_decay=self.weight_decay,
+            **self.hyper,
+        )
+        if lr is not None:
+            self.learning_rate_var = lr
         return ops
 
     def set_learning_rate(self, value: float, scope: Scope) -> None:
@@ -101,49 +92,14 @@ class Optimizer:
         tensor.set(np.full(var.shape, value, dtype=var.dtype))
         self.learning_rate = float(value)
 
-    def _append_update(
-        self, block: Block, startup: Block, param: VarDesc, grad: VarDesc, lr: VarDesc
-    ) -> OpDesc:
-        raise NotImplementedError
-
-    def _state(
-        self, block: Block, startup: Block, what: str, shape, dtype: str, value: float
-    ) -> VarDesc:
-        """A persistable state variable in `block`, set to `value` by the startup program."""
-        name = f"{self.name}.{what}"
-        if block.find_var(name) is not None:
-            return block.find_var(name)
-        var = block.create_var(name, shape, dtype, persistable=True, stop_gradient=True)
-        out = startup.create_var(name, shape, dtype, persistable=True)
-        attrs = {"shape": list(shape), "dtype": dtype, "value": float(value)}
-        startup.append_op("fill_constant", {}, {"Out": [out]}, attrs)
-        return var
-
-    def _slot(self, block, startup, param: VarDesc, what: str, value: float = 0.0) -> VarDesc:
-        """Per-parameter state shaped like the parameter."""
-        return self._state(block, startup, f"{param.name}.{what}", param.shape, param.dtype, value)
-
-
-def _with_weight_decay(block: Block, param: VarDesc, grad: VarDesc, decay: float) -> VarDesc:
-    """grad + decay * param (L2 regularisation, torch's weight_decay), as ops."""
-    scaled = block.create_var(unique_name.generate(f"{param.name}.decay"), param.shape, param.dtype)
-    block.append_op("scale", {"X": [param]}, {"Out": [scaled]}, {"scale": decay})
-    total = block.create_var(unique_name.generate(f"{grad.name}.decayed"), grad.shape, grad.dtype)
-    block.append_op("sum", {"X": [grad, scaled]}, {"Out": [total]})
-    return total
-
 
 class SGD(Optimizer):
     """param -= learning_rate * grad."""
 
     type = "sgd"
 
-    def _append_update(self, block, startup, param, grad, lr) -> OpDesc:
-        return block.append_op(
-            "sgd",
-            {"Param": [param], "Grad": [grad], "LearningRate": [lr]},
-            {"ParamOut": [param]},
-        )
+    def __init__(self, learning_rate: float, weight_decay: float | None = None):
+        super().__init__(learning_rate, weight_decay)
 
 
 class Momentum(Optimizer):
@@ -159,18 +115,10 @@ class Momentum(Optimizer):
         use_nesterov: bool = False,
         weight_decay: float | None = None,
     ):
-        super().__init__(learning_rate, weight_decay)
-        self.momentum = float(momentum)
-        self.use_nesterov = bool(use_nesterov)
-
-    def _append_update(self, block, startup, param, grad, lr) -> OpDesc:
-        velocity = self._slot(block, startup, param, "velocity")
-        return block.append_op(
-            "momentum",
-            {"Param": [param], "Grad": [grad], "Velocity": [velocity], "LearningRate": [lr]},
-            {"ParamOut": [param], "VelocityOut": [velocity]},
-            {"mu": self.momentum, "use_nesterov": self.use_nesterov},
+        super().__init__(
+            learning_rate, weight_decay, momentum=float(momentum), use_nesterov=bool(use_nesterov)
         )
+        self.momentum, self.use_nesterov = self.hyper["momentum"], self.hyper["use_nesterov"]
 
 
 class Adam(Optimizer):
@@ -186,33 +134,13 @@ class Adam(Optimizer):
         epsilon: float = 1e-8,
         weight_decay: float | None = None,
     ):
-        super().__init__(learning_rate, weight_decay)
-        self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
-
-    def _append_update(self, block, startup, param, grad, lr) -> OpDesc:
-        m1 = self._slot(block, startup, param, "moment1")
-        m2 = self._slot(block, startup, param, "moment2")
-        # b^t for the step being taken: starts at b (t = 1), float64 like torch's Python floats.
-        pow1 = self._state(block, startup, f"{param.name}.beta1_pow", [1], "float64", self.beta1)
-        pow2 = self._state(block, startup, f"{param.name}.beta2_pow", [1], "float64", self.beta2)
-        attrs: dict[str, Any] = {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon}
-        return block.append_op(
-            "adam",
-            {
-                "Param": [param],
-                "Grad": [grad],
-                "LearningRate": [lr],
-                "Moment1": [m1],
-                "Moment2": [m2],
-                "Beta1Pow": [pow1],
-                "Beta2Pow": [pow2],
-            },
-            {
-                "ParamOut": [param],
-                "Moment1Out": [m1],
-                "Moment2Out": [m2],
-                "Beta1PowOut": [pow1],
-                "Beta2PowOut": [pow2],
-            },
-            attrs,
+        super().__init__(
+            learning_rate,
+            weight_decay,
+            beta1=float(beta1),
+            beta2=float(beta2),
+            epsilon=float(epsilon),
+        )
+        self.beta1, self.beta2, self.epsilon = (
+            self.hyper[k] for k in ("beta1", "beta2", "epsilon")
         )

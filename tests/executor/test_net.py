@@ -351,3 +351,44 @@ def test_split_forward_and_backward_runs_keep_only_the_newest_step_scopes():
     assert (live_scopes(), len(scope.kids)) == counts[-1]
     net.run(scope)  # a whole run writes the scopes again: the kept local is dropped
     assert scope.kids == []
+
+
+def _net_with_backward():
+    net = nf.Net.create()
+    with net.building():
+        x = nf.data("x", shape=[-1, 3])
+        loss = nf.layers.mean(nf.layers.fc(x, size=2, name="fc"))
+    net.add_backward_ops(loss)
+    return net
+
+
+@pytest.mark.parametrize(
+    "attrs, message",
+    [
+        ({"type": "rmsprop", "learning_rate": 0.1}, "unknown optimizer type 'rmsprop'"),
+        ({"type": "adam", "learning_rate": 0.1, "betas": 0.9}, "no option ['betas']"),
+        ({"type": "sgd"}, "needs a 'learning_rate'"),
+        ({"type": "sgd", "learning_rate": "fast"}, "learning_rate must be a number"),
+    ],
+)
+def test_add_optimizer_ops_rejects_bad_options_naming_them(attrs, message):
+    net = _net_with_backward()
+    ops_before = len(net.program.global_block().ops)
+    with pytest.raises(nf.errors.AttrError, match=message.replace("[", r"\[")):
+        net.add_optimizer_ops(attrs)
+    assert len(net.program.global_block().ops) == ops_before  # nothing half-appended
+
+
+def test_add_optimizer_ops_builds_the_same_update_as_the_frontend():
+    """Net.add_optimizer_ops and nf.optimizer.Adam share one builder: same op, same attrs."""
+    net = _net_with_backward()
+    net.add_optimizer_ops({"type": "adam", "learning_rate": np.float32(0.01), "beta2": 0.99})
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", shape=[-1, 3])
+        loss = nf.layers.mean(nf.layers.fc(x, size=2, name="fc"))
+        nf.optimizer.Adam(learning_rate=0.01, beta2=0.99).minimize(loss)
+    for program in (net.program, main):
+        adams = [op for op in program.global_block().ops if op.type == "adam"]
+        assert len(adams) == 2  # fc.w and fc.b
+        assert dict(adams[0].attrs) == {"beta1": 0.9, "beta2": 0.99, "epsilon": 1e-8}
