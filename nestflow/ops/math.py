@@ -207,6 +207,11 @@ class matmul:
         return np.asarray(out * np.asarray(alpha, out.dtype)) if alpha != 1.0 else out
 
     def backward(X, Y, Out, Out_grad, transpose_X, transpose_Y, alpha, needs=(True, True)):
+        if X.ndim == Y.ndim == 2 and not (transpose_X or transpose_Y) and alpha == 1.0:
+            # The common matrix product: its two BLAS calls and nothing else (an RNN step).
+            dx = Out_grad @ Y.T if needs[0] else None
+            dy = X.T @ Out_grad if needs[1] else None
+            return dx, dy
         # Work in the >= 2-D form, then undo the 1-D promotions and broadcasting.
         x = X.reshape((1,) + X.shape) if X.ndim == 1 else X
         y = Y.reshape(Y.shape + (1,)) if Y.ndim == 1 else Y
