@@ -34,6 +34,12 @@ def row_mask(cond: Any, op_name: str = "ifelse") -> np.ndarray:
     )
 
 
+def branch_rows(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The row indices where `mask` holds and where it does not (taking rows by index is
+    several times faster than by a bool mask, and the indices serve every input)."""
+    return np.flatnonzero(mask), np.flatnonzero(~mask)
+
+
 def scope_array(scope, name: str) -> Any:
     """The value a kept step scope holds for `name` (a Tensor's array, or the raw value)."""
     return scope._local_value(name)
@@ -114,20 +120,21 @@ class ifelse:
                     f"variable with a known first dim to pass it whole)"
                 )
         attrs = ctx.attrs
+        true_rows, false_rows = branch_rows(mask)
         branches = (
-            (attrs["true_block"], attrs["true_outs"], mask),
-            (attrs["false_block"], attrs["false_outs"], ~mask),
+            (attrs["true_block"], attrs["true_outs"], true_rows),
+            (attrs["false_block"], attrs["false_outs"], false_rows),
         )
-        counts = [int(mask.sum()), n - int(mask.sum())]
         scopes: list[Any] = []
         results: list[list[np.ndarray] | None] = []
-        for (block, outs, rows), count in zip(branches, counts):
+        for block, outs, rows in branches:
+            count = len(rows)
             if count == 0 and n > 0:
                 scopes.append(None)
                 results.append(None)
                 continue
             scope = ctx.scope.new_scope()
-            bound = {name: value[rows] for name, value in zip(names, batch)}
+            bound = {name: value.take(rows, axis=0) for name, value in zip(names, batch)}
             frame = ctx.run_block(block, scope, bound)
             store_step(frame, scope, bound)
             values = []
@@ -233,7 +240,7 @@ class ifelse_grad:
         scopes = ctx.input("Scopes")
         x_grads: list[Any] = [None] * len(batch)
         p_grads: list[Any] = [None] * len(params)
-        for side, rows, scope in zip(("true", "false"), (mask, ~mask), scopes):
+        for side, rows, scope in zip(("true", "false"), branch_rows(mask), scopes):
             grad_block = attrs[f"{side}_grad_block"]
             if scope is None or grad_block is None:
                 continue
@@ -241,7 +248,10 @@ class ifelse_grad:
             for seed, out, grad in zip(attrs[f"{side}_seeds"], outs, out_grads):
                 if not seed:
                     continue
-                part = grad[rows] if grad is not None else np.zeros_like(out[rows])
+                if grad is not None:
+                    part = np.take(grad, rows, axis=0)
+                else:
+                    part = np.zeros((len(rows),) + np.shape(out)[1:], np.asarray(out).dtype)
                 values[seed] = values[seed] + part if seed in values else part
             frame = ctx.run_block(grad_block, scope, values)
             for i, name in enumerate(attrs[f"{side}_x_grads"]):
