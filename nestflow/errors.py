@@ -109,3 +109,8 @@ class MaxStepsExceededError(ExecutionError):
 
 class ParameterFileError(NestflowError, ValueError):
     """A parameter file is unreadable or does not match the program (missing, extra, misshaped)."""
+
+
+class FileWriteError(NestflowError, OSError):
+    """A file could not be written (a parameter file, a saved model); what was there before is
+    left as it was."""

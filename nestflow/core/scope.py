@@ -11,7 +11,7 @@ import numpy as np
 
 from nestflow.core.tensor import Tensor
 from nestflow.core.variable import _SCOPE_TOKEN, Variable
-from nestflow.errors import NestflowError, ScopeDestroyedError
+from nestflow.errors import NestflowError, ScopeDestroyedError, TypeMismatchError
 
 _live_scopes: weakref.WeakSet[Scope] = weakref.WeakSet()
 _unique_ids = itertools.count()
@@ -83,6 +83,8 @@ class Scope:
         With no name, a fresh uniquely named variable is created.
         """
         self._check_alive()
+        if name is not None and not isinstance(name, str):
+            raise TypeMismatchError(f"a variable name is a str, got {type(name).__name__}")
         with self._lock:
             if self._held is not None:
                 self._materialize()

@@ -433,9 +433,7 @@ def _kernel_call(op: OpDesc, op_def: OpDef, attrs: dict, in_slots: dict, out_slo
         kernel = op_def.forward
         if op_def.backward_wants_needs:
             # A gradient nobody takes (no slot, or an empty name: -1) is not computed.
-            needs = tuple(
-                any(i >= 0 for i in out_slots.get(s.name, ())) for s in op_def.outputs
-            )
+            needs = tuple(any(i >= 0 for i in out_slots.get(s.name, ())) for s in op_def.outputs)
             attrs = dict(attrs, needs=needs)
         if attrs:
             kernel = functools.partial(kernel, **attrs)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+from nestflow.errors import FileWriteError
+
 _CHUNK = 1 << 20
 
 
@@ -22,16 +24,23 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     temporary file is removed."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory
+        )
+    except OSError as exc:
+        raise FileWriteError(f"cannot write '{path}': {exc.strerror or exc}") from exc
     try:
         with os.fdopen(fd, "wb") as file:
             write_chunks(file, data)
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and not isinstance(exc, FileWriteError):
+            raise FileWriteError(f"cannot write '{path}': {exc.strerror or exc}") from exc
         raise

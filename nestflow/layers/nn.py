@@ -29,7 +29,7 @@ from nestflow.layers.initializer import Xavier
 Number = (int, float)
 
 
-def data(name: str, shape: Sequence[int], dtype: Any = "float32", lengths: bool = False) -> VarDesc:
+def data(name: str, shape: Sequence[int], dtype: Any = "float32") -> VarDesc:
     """A variable the user feeds at run time; -1 (or None) marks a dimension of any size."""
     if any(d is not None and not isinstance(d, numbers.Integral) for d in shape):
         raise ShapeError(

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-_global = np.random.default_rng(0)
+# Made on first use: numpy.random costs ~15 ms to import, and many programs draw nothing.
+_global: np.random.Generator | None = None
 
 
 def seed(value: int) -> None:
@@ -25,7 +26,12 @@ def seed(value: int) -> None:
 
 def generator(op_seed: int = 0) -> np.random.Generator:
     """An op's generator: its own fixed seed if it has one, else the global generator."""
-    return np.random.default_rng(op_seed) if op_seed else _global
+    global _global
+    if op_seed:
+        return np.random.default_rng(op_seed)
+    if _global is None:
+        _global = np.random.default_rng(0)
+    return _global
 
 
 @contextlib.contextmanager

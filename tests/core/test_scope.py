@@ -407,3 +407,10 @@ def test_concurrent_kid_creation_is_exact(scope, fast_switching):
     scope.drop_kids()
     assert live_scope_count() == before
     assert not any(k.alive for k in made)
+
+
+@pytest.mark.parametrize("name", [3, b"w", ("w",)])
+def test_a_variable_name_must_be_a_string(scope, name):
+    with pytest.raises(nf.errors.TypeMismatchError, match="variable name is a str"):
+        scope.var(name)
+    assert scope.local_var_names() == []

@@ -133,7 +133,7 @@ def test_crash_mid_save_keeps_the_old_file(trained, tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(atomic, "write_chunks", crash_half_way)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(nf.errors.FileWriteError, match="disk full"):
         nf.io.save_params(scope, main, path)
     assert path.read_bytes() == good
     assert os.listdir(tmp_path) == ["p.safetensors"]  # no temporary file left behind
@@ -150,10 +150,19 @@ def test_failed_rename_keeps_the_old_file(trained, tmp_path, monkeypatch):
         raise OSError("rename failed")
 
     monkeypatch.setattr(atomic.os, "replace", no_rename)
-    with pytest.raises(OSError, match="rename failed"):
+    with pytest.raises(nf.errors.FileWriteError, match="rename failed"):
         nf.io.save_params(scope, main, path)
     assert path.read_bytes() == good
     assert os.listdir(tmp_path) == ["p.safetensors"]
+
+
+def test_saving_into_a_missing_directory_is_a_file_write_error(trained, tmp_path):
+    main, scope, _ = trained
+    path = tmp_path / "absent" / "p.safetensors"
+    with pytest.raises(nf.errors.FileWriteError, match="cannot write .*absent") as info:
+        nf.io.save_params(scope, main, path)
+    assert isinstance(info.value, OSError)  # still an OSError for code that catches those
+    assert not (tmp_path / "absent").exists()
 
 
 def test_inference_model_round_trip_in_process(trained, tmp_path):
