@@ -27,6 +27,7 @@ WORKLOADS = {
     "w4": ("w4_ifelse", "W4 per-row IfElse 1024x64, two fc branches, forward"),
     "w5": ("w5_run_overhead", "W5 one Executor.run (feed, 1 scale op, fetch)"),
     "w6": ("w6_peak_rss", "W6 peak RSS of W1 training"),
+    "w7": ("w7_rnn_memory", "W7 RNN example, 1000 train steps"),
     "import": ("import_time", "import time"),
 }
 

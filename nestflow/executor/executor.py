@@ -24,7 +24,7 @@ from nestflow.errors import (
     UninitializedError,
 )
 from nestflow.executor.plan import BlockPlan, Frame
-from nestflow.framework.program import Block, Program, VarDesc
+from nestflow.framework.program import Block, Program, VarDesc, default_main_program
 from nestflow.ops.random_state import program_generator
 
 _global_scope = Scope()
@@ -69,11 +69,16 @@ class Executor:
         self.place = place if place is not None else CPUPlace()
         self.check_nan_inf = check_nan_inf
         self._plans: weakref.WeakKeyDictionary[Program, _ProgramPlan] = weakref.WeakKeyDictionary()
+        self._last: tuple[weakref.ref, _ProgramPlan] | None = None
 
     def _plan(self, program: Program) -> _ProgramPlan:
+        last = self._last
+        if last is not None and last[0]() is program and last[1].version == program.version:
+            return last[1]  # a training loop runs one program over and over
         plan = self._plans.get(program)
         if plan is None or plan.version != program.version:
             plan = self._plans[program] = _ProgramPlan(program)
+        self._last = (weakref.ref(program), plan)
         return plan
 
     def run(
@@ -91,8 +96,6 @@ class Executor:
         inputs' shapes and the source line) when an op fails; on any error the scope's
         persistable variables are left unchanged.
         """
-        from nestflow.framework.program import default_main_program
-
         program = program if program is not None else default_main_program()
         if not isinstance(program, Program):
             raise TypeMismatchError(
@@ -121,7 +124,10 @@ class Executor:
                     if value is None:
                         raise FeedError(_missing_feed_message(plan, name))
                     env[plan.slot_of[name]] = value
-            with program_generator(program):
+            if program.random_seed:
+                with program_generator(program):
+                    frame.run(keep=frozenset(fetch_names))
+            else:
                 frame.run(keep=frozenset(fetch_names))
             results = [self._fetch(frame, local, name, fed_only) for name in fetch_names]
             for slot, name in prepared.persistable_writes:
@@ -137,14 +143,17 @@ class Executor:
 
     def _bind_feeds(
         self, block: Block, plan: BlockPlan, env: list, feed: Mapping[str, Any]
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, np.ndarray] | None:
         """Checks and binds `feed`; returns the fed values no op reads (they can be fetched)."""
-        fed_only = {}
-        for name, array in _checked_feeds(block, feed).items():
-            slot = plan.slot_of.get(name)
+        fed_only = None
+        slot_of = plan.slot_of
+        for name, value in feed.items():
+            name, array = _checked_feed(block, name, value)
+            slot = slot_of.get(name)
             if slot is not None:
                 env[slot] = array
             else:
+                fed_only = fed_only or {}
                 fed_only[name] = array
         return fed_only
 
@@ -161,9 +170,9 @@ class Executor:
                 )
             env[slot] = value
 
-    def _fetch(self, frame: Frame, local: Scope, name: str, fed_only: dict) -> Any:
+    def _fetch(self, frame: Frame, local: Scope, name: str, fed_only: dict | None) -> Any:
         value = frame.value(name)
-        if value is None:
+        if value is None and fed_only:
             value = fed_only.get(name)
         if value is None:
             value = _scope_value(local, name)
@@ -243,8 +252,9 @@ class Executor:
         # The same feed as a run of `program` is accepted: feeds of its variables that the
         # pruned program no longer needs are checked, then left out.
         kept = small.global_block()
-        arrays = _checked_feeds(program.global_block(), feed or {})
-        feed = {name: a for name, a in arrays.items() if kept.find_var(name) is not None}
+        block = program.global_block()
+        arrays = (_checked_feed(block, name, value) for name, value in (feed or {}).items())
+        feed = {name: a for name, a in arrays if kept.find_var(name) is not None}
         return self.run(small, feed=feed, fetch_list=targets, scope=scope)
 
 
@@ -308,28 +318,33 @@ def _to_numpy(value: Any) -> Any:
     return value
 
 
-def _checked_feeds(block: Block, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Each fed value as an array of its variable's dtype, by name; FeedError for a name the
-    block does not declare or a value of the wrong shape or dtype."""
-    arrays = {}
-    for name, value in feed.items():
-        name = name.name if isinstance(name, VarDesc) else name
-        desc = block.find_var(name)
-        if desc is None:
-            raise FeedError(f"feed '{name}' is not a variable of the program")
-        arrays[name] = check_feed(desc, value)
-    return arrays
+def _checked_feed(block: Block, name: str | VarDesc, value: Any) -> tuple[str, np.ndarray]:
+    """A fed value as an array of its variable's dtype, with the variable's name; FeedError for
+    a name the block does not declare or a value of the wrong shape or dtype."""
+    name = name.name if isinstance(name, VarDesc) else name
+    desc = block.find_var(name)
+    if desc is None:
+        raise FeedError(f"feed '{name}' is not a variable of the program")
+    return name, check_feed(desc, value)
+
+
+_DTYPES: dict[str, np.dtype] = {}
 
 
 def check_feed(desc: VarDesc, value: Any) -> np.ndarray:
     """The fed value as an array of the variable's dtype; FeedError on a shape or dtype clash."""
-    if isinstance(value, Tensor):
-        value = value.data()
-    try:
-        array = np.asarray(value)
-    except (ValueError, TypeError) as err:
-        raise FeedError(f"feed '{desc.name}' is not an array: {err}") from None
-    want = np.dtype(desc.dtype)
+    want = _DTYPES.get(desc.dtype)
+    if want is None:
+        want = _DTYPES[desc.dtype] = np.dtype(desc.dtype)
+    if type(value) is np.ndarray and value.dtype == want:
+        array = value  # the common feed: nothing to convert
+    else:
+        if isinstance(value, Tensor):
+            value = value.data()
+        try:
+            array = np.asarray(value)
+        except (ValueError, TypeError) as err:
+            raise FeedError(f"feed '{desc.name}' is not an array: {err}") from None
     if array.dtype != want:
         same_kind = (array.dtype.kind in "fc") == (want.kind in "fc") and not (
             want.kind == "b" and array.dtype.kind != "b"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from nestflow.errors import DTypeError
@@ -138,6 +140,23 @@ class scale:
     inputs, outputs = ("X",), ("Out",)
     attrs = {"scale": 1.0, "bias": 0.0, "bias_after_scale": True}
     infer = same_as(0)
+
+    def specialize(X, scale, bias, bias_after_scale):
+        # A float array keeps its dtype under a Python-float factor: no cast back needed.
+        if X is None or not X.ndim or np.dtype(X.dtype).kind != "f":
+            return None
+        if bias == 0.0:
+            return functools.partial(np.multiply, float(scale))
+        scale, bias = float(scale), float(bias)
+
+        def scaled(X):
+            if bias_after_scale:
+                out = np.multiply(X, scale)
+                return np.add(out, bias, out=out)
+            out = np.add(X, bias)
+            return np.multiply(out, scale, out=out)
+
+        return scaled
 
     def forward(X, scale, bias, bias_after_scale):
         out = X * scale + bias if bias_after_scale else (X + bias) * scale
