@@ -8,10 +8,12 @@ is positive. The model is a tanh RNN built with `nf.rnn()` from two fc layers in
     h_t = tanh(fc(x_t) + fc(h_{t-1}))       (16 hidden units, h_0 = 0)
     logits = fc(h_T)                        (h_T: the memory at each row's last real step)
 
-trained with softmax cross entropy and Adam. Rows shorter than the batch's longest keep their
+trained with softmax cross entropy and Adam, its learning rate decayed per epoch on a cosine
+from LEARNING_RATE towards 0 (set_learning_rate: the rate is a variable in the scope, so the
+program is not rebuilt; without the decay the last epochs oscillate). Rows shorter than the batch's longest keep their
 memory past their length (per-row lengths), so the padding never reaches the classifier.
-With the defaults (seeds 0-5 tried) it reaches 97-98% held-out accuracy in about 3 seconds on
-2 cores; the run fails (exit 1) below 95%. The trained
+With the defaults (seeds 0-3 tried) it reaches 97.9-98.3% held-out accuracy in about 3-6
+seconds on 2 cores; the run fails (exit 1) below 95%. The trained
 model is saved with nf.io.save_inference_model, loaded back and checked to predict the same.
 """
 
@@ -57,6 +59,7 @@ class Model:
     loss: nf.VarDesc
     accuracy: nf.VarDesc
     probabilities: nf.VarDesc
+    optimizer: nf.optimizer.Adam
 
 
 def build_model(learning_rate: float = LEARNING_RATE, hidden: int = HIDDEN) -> Model:
@@ -78,8 +81,9 @@ def build_model(learning_rate: float = LEARNING_RATE, hidden: int = HIDDEN) -> M
         loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, label))
         probabilities = nf.layers.softmax(logits)
         accuracy = nf.layers.accuracy(probabilities, label)
-        nf.optimizer.Adam(learning_rate=learning_rate).minimize(loss)
-    return Model(main, startup, loss, accuracy, probabilities)
+        optimizer = nf.optimizer.Adam(learning_rate=learning_rate)
+        optimizer.minimize(loss)
+    return Model(main, startup, loss, accuracy, probabilities, optimizer)
 
 
 def _feed(data: Sequences, rows: np.ndarray | slice) -> dict[str, np.ndarray]:
@@ -106,7 +110,10 @@ def train(
     rng = np.random.default_rng(seed + 1)
     n = len(data.lengths)
     history = []
+    initial_rate = model.optimizer.learning_rate
     for epoch in range(epochs):
+        cosine = 0.5 * (1 + np.cos(np.pi * epoch / epochs))
+        model.optimizer.set_learning_rate(initial_rate * cosine, scope)
         order = rng.permutation(n)
         batches = range(0, n, BATCH_SIZE)
         bar = tqdm(batches, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", disable=not progress)
@@ -147,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"sequence-sum sign: {len(train_data.lengths)} training and {len(test_data.lengths)} "
         f"held-out sequences of {MIN_LENGTH}-{MAX_LENGTH} steps; tanh RNN with {HIDDEN} hidden "
-        f"units, Adam lr {LEARNING_RATE}, {epochs} epochs"
+        f"units, Adam lr {LEARNING_RATE} with cosine decay, {epochs} epochs"
     )
     model = build_model()
     scope = nf.Scope()
