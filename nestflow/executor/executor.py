@@ -57,6 +57,7 @@ class _ProgramPlan:
             if (desc := block.find_var(name)) is not None and desc.persistable
         ]
         self.sub_plans: dict[int, BlockPlan] = {}
+        self.keep_sets: dict[tuple[str, ...], frozenset[str]] = {}
         self.needs_local_scope = any(op.sub_blocks() for op in plan.ops) or any(
             op.type in ("print",) for op in plan.ops
         )
@@ -105,7 +106,7 @@ class Executor:
         if not isinstance(scope, Scope):
             raise TypeMismatchError(f"Executor.run expects a Scope, got {type(scope).__name__}")
         feed = feed or {}
-        fetch_names = [f.name if isinstance(f, VarDesc) else str(f) for f in (fetch_list or [])]
+        fetch_names = [f if type(f) is str else _fetch_name(f) for f in (fetch_list or ())]
         prepared = self._plan(program)
         plan = prepared.block_plan
         block = program.global_block()
@@ -116,19 +117,25 @@ class Executor:
             frame = Frame(plan, local, self)
             frame.check_nan_inf = checking  # this run's choice; sub-block frames inherit it
             env = frame.env
-            fed_only = self._bind_feeds(block, plan, env, feed)
-            self._bind_persistables(prepared, scope, env, feed)
+            fed_only = self._bind_feeds(block, plan, env, feed) if feed else None
+            if prepared.persistable_reads:
+                self._bind_persistables(prepared, scope, env, feed)
             for name in prepared.required_feeds:
                 if env[plan.slot_of[name]] is None:
                     value = _scope_value(scope, name)
                     if value is None:
                         raise FeedError(_missing_feed_message(plan, name))
                     env[plan.slot_of[name]] = value
+            keep = prepared.keep_sets.get(tuple(fetch_names))
+            if keep is None:
+                if len(prepared.keep_sets) > 64:  # fetch lists vary without end: start over
+                    prepared.keep_sets.clear()
+                keep = prepared.keep_sets[tuple(fetch_names)] = frozenset(fetch_names)
             if program.random_seed:
                 with program_generator(program):
-                    frame.run(keep=frozenset(fetch_names))
+                    frame.run(keep=keep)
             else:
-                frame.run(keep=frozenset(fetch_names))
+                frame.run(keep=keep)
             results = [self._fetch(frame, local, name, fed_only) for name in fetch_names]
             for slot, name in prepared.persistable_writes:
                 value = env[slot]
@@ -138,7 +145,9 @@ class Executor:
             if local is not scope:
                 scope.delete_scope(local)
         if return_numpy:
-            results = [_to_numpy(r) for r in results]
+            # A fetch may be a parameter's own array (or a view of one): the caller gets a
+            # copy, so writing into it cannot change the scope behind the executor's back.
+            results = [r.copy() if type(r) is np.ndarray else _to_numpy(r) for r in results]
         return results
 
     def _bind_feeds(
@@ -306,6 +315,10 @@ def _store(scope: Scope, name: str, value: Any) -> None:
         tensor._array = value
     else:
         var.set_value(value)
+
+
+def _fetch_name(target: VarDesc | str) -> str:
+    return target.name if isinstance(target, VarDesc) else str(target)
 
 
 def _to_numpy(value: Any) -> Any:
