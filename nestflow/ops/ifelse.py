@@ -265,8 +265,8 @@ class ifelse_grad:
                 grad = _grad_value(frame, values, name)
                 if grad is not None:
                     p_grads[i] = grad if p_grads[i] is None else p_grads[i] + grad
-        _set_grads(ctx, "X" + GRAD_SUFFIX, x_grads, batch)
-        _set_grads(ctx, "Params" + GRAD_SUFFIX, p_grads, params)
+        set_grads(ctx, "X" + GRAD_SUFFIX, x_grads, batch)
+        set_grads(ctx, "Params" + GRAD_SUFFIX, p_grads, params)
 
 
 def _grad_value(frame, values: dict[str, Any], name: str) -> Any:
@@ -276,8 +276,13 @@ def _grad_value(frame, values: dict[str, Any], name: str) -> Any:
     return values.get(name) if value is None else value
 
 
-def _set_grads(ctx, slot: str, grads: list[Any], forward: list[Any]) -> None:
-    """Write gradients to the slot's named outputs; an input no branch reached gets zeros."""
+def is_float(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind in "fc"
+
+
+def set_grads(ctx, slot: str, grads: list[Any], forward: list[Any]) -> None:
+    """Write a control-flow gradient op's gradients to the slot's named outputs, each shaped
+    like its forward value; an input no step or branch reached gets zeros."""
     env = ctx.frame.env
     for index, grad, value in zip(ctx.out_slots.get(slot, []), grads, forward):
         if index < 0:
@@ -285,4 +290,6 @@ def _set_grads(ctx, slot: str, grads: list[Any], forward: list[Any]) -> None:
         if grad is None:
             value = np.asarray(value)
             grad = np.zeros(value.shape, value.dtype if value.dtype.kind in "fc" else "float64")
+        elif is_float(value) and grad.shape != value.shape:
+            grad = grad.reshape(value.shape)
         env[index] = grad

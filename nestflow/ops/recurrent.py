@@ -28,7 +28,7 @@ import numpy as np
 
 from nestflow.errors import ControlFlowError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
-from nestflow.ops.ifelse import GradSum, scope_array, store_step
+from nestflow.ops.ifelse import GradSum, scope_array, set_grads, store_step
 from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, get_op_def, register_op
 
 
@@ -114,10 +114,6 @@ def _step_value(frame, bound: dict[str, Any], name: str) -> Any:
     if value is None:
         value = bound.get(name)
     return frame.lookup(name) if value is None else value
-
-
-def _is_float(value: Any) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype.kind in "fc"
 
 
 @register_op
@@ -389,9 +385,9 @@ class recurrent_grad:
             if grad is not None and np.ndim(boot) == 0:
                 grad = grad.reshape(())
             boot_grads.append(grad)
-        _set_grads(ctx, "Inputs" + GRAD_SUFFIX, x_grads, sequences)
-        _set_grads(ctx, "Boots" + GRAD_SUFFIX, boot_grads, boots)
-        _set_grads(ctx, "Params" + GRAD_SUFFIX, p_grads, params)
+        set_grads(ctx, "Inputs" + GRAD_SUFFIX, x_grads, sequences)
+        set_grads(ctx, "Boots" + GRAD_SUFFIX, boot_grads, boots)
+        set_grads(ctx, "Params" + GRAD_SUFFIX, p_grads, params)
 
 
 # Products whose gradient w.r.t. the parameter Y is X^T @ dOut: summed over the steps it is one
@@ -489,20 +485,6 @@ def _step_grad(env: list, slot_of: dict[str, int], values: dict[str, Any], name:
     slot = slot_of.get(name)
     value = None if slot is None else env[slot]
     return values.get(name) if value is None else value
-
-
-def _set_grads(ctx, slot: str, grads: list[Any], forward: list[Any]) -> None:
-    """Write gradients to the slot's named outputs; an input nothing reached gets zeros."""
-    env = ctx.frame.env
-    for index, grad, value in zip(ctx.out_slots.get(slot, []), grads, forward):
-        if index < 0:
-            continue
-        if grad is None:
-            value = np.asarray(value)
-            grad = np.zeros(value.shape, value.dtype if value.dtype.kind in "fc" else "float64")
-        elif _is_float(value) and grad.shape != value.shape:
-            grad = grad.reshape(value.shape)
-        env[index] = grad
 
 
 @register_op

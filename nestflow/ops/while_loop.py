@@ -17,7 +17,7 @@ import numpy as np
 
 from nestflow.errors import ControlFlowError, MaxStepsExceededError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
-from nestflow.ops.ifelse import GradSum, scope_array, store_step
+from nestflow.ops.ifelse import GradSum, is_float, scope_array, store_step
 from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
 
 
@@ -29,10 +29,6 @@ def _truth(value: Any, name: str) -> bool:
             f"while: the condition '{name}' must be one bool value, got {kind}{shape}"
         )
     return bool(value.reshape(-1)[0])
-
-
-def _is_float(value: Any) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype.kind in "fc"
 
 
 @register_op
@@ -168,7 +164,7 @@ class while_grad:
                 grad = flowing[name]
             else:
                 grad = summed[name].value if name in summed else None
-            if grad is None and (_is_float(value) or isinstance(value, list)):
+            if grad is None and (is_float(value) or isinstance(value, list)):
                 grad = zero_grad_like(value)
             env[index] = grad
 
