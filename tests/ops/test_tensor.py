@@ -55,6 +55,102 @@ def _lookup_ref(W, Ids, padding_idx=-1):
 X234 = rand(2, 3, 4)
 IDS = np.array([[1], [3], [1], [0], [3]], np.int64)  # repeated ids accumulate gradients
 
+
+def _uniform_ref(shape, dtype, min, max, seed):
+    """A fixed seed draws from np.random.default_rng(seed), then casts to dtype."""
+    return {"Out": np.random.default_rng(seed).uniform(min, max, size=shape).astype(dtype)}
+
+
+def _gaussian_ref(shape, dtype, mean, std, seed):
+    return {"Out": np.random.default_rng(seed).normal(mean, std, size=shape).astype(dtype)}
+
+
+# Ops with no inputs: the tensor is made from attrs alone (issue 2's fill/random ops).
+CREATION_CASES = [
+    OpCase(
+        "fill_constant",
+        {},
+        lambda shape, dtype, value: {"Out": np.full(shape, value, dtype)},
+        {"shape": [2, 3], "dtype": "float32", "value": 1.5},
+        id="fill_constant-2d",
+    ),
+    OpCase(
+        "fill_constant",
+        {},
+        lambda shape, dtype, value: {"Out": np.full(shape, value, dtype)},
+        {"shape": [1], "dtype": "int64", "value": 7.0},
+        id="fill_constant-size1-int64",
+    ),
+    OpCase(
+        "fill_constant",
+        {},
+        lambda shape, dtype, value: {"Out": np.full(shape, value, dtype)},
+        {"shape": [0, 4], "dtype": "float64", "value": -2.0},
+        id="fill_constant-empty",
+    ),
+    OpCase(
+        "fill_constant",
+        {},
+        lambda shape, dtype, value: {"Out": np.full((), value, dtype)},
+        {"shape": [], "dtype": "float32", "value": 3.0},
+        id="fill_constant-0d",
+    ),
+    OpCase(
+        "uniform_random",
+        {},
+        _uniform_ref,
+        {"shape": [4, 3], "dtype": "float32", "min": -0.5, "max": 2.0, "seed": 9},
+        id="uniform_random-seeded",
+    ),
+    OpCase(
+        "uniform_random",
+        {},
+        _uniform_ref,
+        {"shape": [0, 3], "dtype": "float64", "min": -1.0, "max": 1.0, "seed": 9},
+        id="uniform_random-empty",
+    ),
+    OpCase(
+        "gaussian_random",
+        {},
+        _gaussian_ref,
+        {"shape": [3, 1, 2], "dtype": "float32", "mean": 1.0, "std": 0.5, "seed": 4},
+        id="gaussian_random-seeded-size1",
+    ),
+    OpCase(
+        "gaussian_random",
+        {},
+        _gaussian_ref,
+        {"shape": [0], "dtype": "float64", "mean": 0.0, "std": 1.0, "seed": 4},
+        id="gaussian_random-empty",
+    ),
+    OpCase(
+        "assign_value",
+        {},
+        lambda shape, dtype, values: {"Out": np.array(values, dtype).reshape(shape)},
+        {"shape": [3, 1], "dtype": "int64", "values": [10, 20, 30]},
+        id="assign_value-column",
+    ),
+]
+
+
+@pytest.mark.parametrize("op_type", ["uniform_random", "gaussian_random"])
+def test_random_fill_draws_within_its_distribution(op_type):
+    """uniform_random stays in [min, max); gaussian_random has the asked mean and std."""
+    attrs = {"min": 2.0, "max": 3.0} if op_type == "uniform_random" else {"mean": 5.0, "std": 0.25}
+    prog = nf.Program()
+    prog.global_block().append_op(
+        op_type, {}, {"Out": ["out"]}, {"shape": [200, 50], "dtype": "float64", **attrs}
+    )
+    nf.seed(1)
+    (out,) = nf.Executor().run(prog, fetch_list=["out"], scope=nf.Scope())
+    assert out.shape == (200, 50) and out.dtype == np.float64
+    if op_type == "uniform_random":
+        assert out.min() >= 2.0 and out.max() < 3.0
+        assert abs(out.mean() - 2.5) < 0.02
+    else:
+        assert abs(out.mean() - 5.0) < 0.01 and abs(out.std() - 0.25) < 0.01
+
+
 CASES = [
     OpCase("assign", {"X": X234}, lambda X: {"Out": X}, grad=("X",)),
     OpCase("assign", {"X": rand(0, 3)}, lambda X: {"Out": X}, id="assign-empty"),
@@ -257,10 +353,75 @@ CASES = [
         lambda X, value, dtype: {"Out": np.full((2, 1), 7, np.int32)},
         {"value": 7.0, "dtype": "int32"},
     ),
+    # edge shapes: empty batch and size-1 dims for the layout ops
+    OpCase(
+        "cast",
+        {"X": rand(0, 3)},
+        lambda X, out_dtype: {"Out": X.astype(out_dtype)},
+        {"out_dtype": "float64"},
+        grad=("X",),
+        id="cast-empty",
+    ),
+    OpCase(
+        "transpose",
+        {"X": rand(3, 1, 2)},
+        lambda X, axis: {"Out": X.transpose(1, 2, 0)},
+        {"axis": [1, 2, 0]},
+        grad=("X",),
+        id="transpose-size1",
+    ),
+    OpCase(
+        "concat",
+        {"X": [rand(0, 2), rand(0, 3)]},
+        lambda X, axis: {"Out": np.concatenate(X, axis=1)},
+        {"axis": 1},
+        grad=("X",),
+        id="concat-empty-batch",
+    ),
+    OpCase(
+        "split",
+        {"X": rand(0, 4)},
+        _split_ref,
+        {"num": 2, "axis": 1},
+        grad=("X",),
+        id="split-empty-batch",
+    ),
+    OpCase(
+        "split",
+        {"X": rand(3, 1)},
+        _split_ref,
+        {"num": 1, "axis": 1},
+        grad=("X",),
+        id="split-size1",
+    ),
+    OpCase(
+        "slice",
+        {"Input": rand(0, 3, 4)},
+        _slice_ref,
+        {"axes": [2], "starts": [1], "ends": [3]},
+        grad=("Input",),
+        id="slice-empty-batch",
+    ),
+    OpCase(
+        "slice",
+        {"Input": rand(2, 1, 4)},
+        _slice_ref,
+        {"axes": [1, 2], "starts": [0, -1], "ends": [1, 4]},
+        grad=("Input",),
+        id="slice-size1",
+    ),
+    OpCase(
+        "reshape",
+        {"X": rand(0, 3)},
+        lambda X, shape: {"Out": X.reshape(0, 3, 1)},
+        {"shape": [0, 3, 1]},
+        grad=("X",),
+        id="reshape-empty-grad",
+    ),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", CREATION_CASES + CASES, ids=case_id)
 def test_op(case):
     case.check()
 
