@@ -338,7 +338,13 @@ def _checked_feed(block: Block, name: str | VarDesc, value: Any) -> tuple[str, n
     desc = block.find_var(name)
     if desc is None:
         raise FeedError(f"feed '{name}' is not a variable of the program")
-    return name, check_feed(desc, value)
+    try:
+        return name, check_feed(desc, value)
+    except FeedError as err:  # say who reads the bad feed, and where that op was built
+        reader = _first_reader(block, name)
+        if reader == _NO_READER:
+            raise
+        raise FeedError(f"{err.message}; it is read by {reader}") from None
 
 
 _DTYPES: dict[str, np.dtype] = {}
@@ -379,12 +385,15 @@ def check_feed(desc: VarDesc, value: Any) -> np.ndarray:
     return array
 
 
-def _first_reader(plan: BlockPlan, name: str) -> str:
+def _first_reader(plan: BlockPlan | Block, name: str) -> str:
     for i, op in enumerate(plan.ops):
         if name in op.input_names():
             where = f"op '{op.type}' (#{i})"
             return where + (f" built at {op.source}" if op.source else "")
-    return "the program"
+    return _NO_READER
+
+
+_NO_READER = "the program"
 
 
 def _missing_feed_message(plan: BlockPlan, name: str) -> str:

@@ -222,6 +222,7 @@ def test_wrong_feed_shape_names_both_shapes(model):
         )
     msg = str(info.value)
     assert "'x'" in msg and "[2, 4]" in msg and "[-1, 3]" in msg
+    assert "op 'mul'" in msg and f"{__file__}:{_line_of('marker: fc')}" in msg
     with pytest.raises(FeedError, match=r"\[3\].*\[-1, 3\]"):
         model.exe.run(model.main, feed={"x": np.ones(3, np.float32)}, scope=model.scope)
     model.assert_unchanged(before)
@@ -239,9 +240,29 @@ def test_float_feed_into_int64_names_both_dtypes(model):
 
 
 def test_int_feed_into_float_is_refused(model):
-    """DESIGN Errors: integer data fed to a float variable is a dtype error, not a silent cast."""
-    with pytest.raises(FeedError, match="int64.*float32"):
+    """DESIGN Errors: integer data fed to a float variable is a dtype error, not a silent cast;
+    the error names the op that reads the feed and the line that built it."""
+    before = model.snapshot()
+    with pytest.raises(FeedError, match="int64.*float32") as info:
         model.exe.run(model.main, feed={"x": np.ones((2, 3), np.int64)}, scope=model.scope)
+    msg = str(info.value)
+    assert "'x'" in msg and "op 'mul'" in msg
+    assert f"{__file__}:{_line_of('marker: fc')}" in msg
+    model.assert_unchanged(before)
+
+
+def test_bad_feed_to_eval_names_the_reading_op(model):
+    """DESIGN Errors: Executor.eval checks feeds the same way as run: a misshaped feed names
+    the variable, both shapes, the op reading it and its source line."""
+    before = model.snapshot()
+    with pytest.raises(FeedError) as info:
+        model.exe.eval(
+            model.main, [model.y], feed={"x": np.ones((2, 5), np.float32)}, scope=model.scope
+        )
+    msg = str(info.value)
+    assert "'x'" in msg and "[2, 5]" in msg and "[-1, 3]" in msg and "op 'mul'" in msg
+    assert f"{__file__}:{_line_of('marker: fc')}" in msg
+    model.assert_unchanged(before)
 
 
 def test_feed_of_unknown_variable_is_refused(model):
