@@ -1,0 +1,61 @@
+"""The project skeleton of issue 2 (item 1): pyproject's dependencies and extras, `make test`
+installing what the torch comparisons need, and `.ci/run` failing when `make test` fails
+(pytest's "no tests collected", exit 5, included)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_pyproject_declares_the_runtime_dependencies_and_extras():
+    project = _pyproject()["project"]
+    assert project["name"] == "nestflow"
+    assert project["requires-python"] == ">=3.10"
+
+    def names(requirements):
+        return {re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+    assert names(project["dependencies"]) == {"numpy", "protobuf", "safetensors", "tqdm"}
+    extras = project["optional-dependencies"]
+    assert {"pytest", "hypothesis"} <= names(extras["test"])
+    assert names(extras["examples"]) == {"scikit-learn"}
+    assert extras["bench"] == ["torch==2.13.0"]  # pinned exactly
+
+
+def test_make_test_installs_the_bench_extra_so_the_torch_comparisons_run():
+    """Issue 3: the Adam-vs-PyTorch test may skip without torch, but CI (`make test`) must
+    install the `bench` extra so that it runs."""
+    makefile = (ROOT / "Makefile").read_text()
+    install = re.search(r"pip install[^\n]*-e '\.\[([^\]]*)\]'", makefile)
+    assert install, "the Makefile's venv rule installs the package with its extras"
+    assert {"test", "bench"} <= set(install.group(1).split(","))
+    test_rule = re.search(r"^test: *(.*)$", makefile, re.M)
+    assert test_rule and "$(STAMP)" in test_rule.group(1)  # make test builds the venv first
+
+
+@pytest.mark.parametrize("status", [0, 1, 2, 5])
+def test_ci_run_fails_exactly_when_make_test_fails(tmp_path, status):
+    """`.ci/run` runs `make test` and passes its failure on, whatever the status (pytest's 5
+    for "no tests collected" becomes make's 2, and a `make` stand-in returning 5 must fail
+    CI too)."""
+    fake = tmp_path / "make"
+    fake.write_text(f'#!/bin/sh\necho "$@" > "{tmp_path}/args"\nexit {status}\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    result = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "run")], env=env, capture_output=True, timeout=30
+    )
+    assert (tmp_path / "args").read_text().split() == ["test"]
+    assert (result.returncode == 0) == (status == 0)
