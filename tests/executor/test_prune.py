@@ -1,5 +1,7 @@
 """nf.prune (seed 002's Prune) and Executor.eval (Prune + Run)."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -185,3 +187,30 @@ def test_prune_through_ifelse_keeps_both_branches_and_their_outer_reads():
     (want,) = exe.run(main, fetch_list=[o1], scope=scope)
     (got,) = exe.run(small, fetch_list=[o1], scope=scope)
     np.testing.assert_array_equal(got, want)
+
+
+def test_eval_prunes_once_per_program_and_targets(monkeypatch):
+    """seed 002 Eval = Prune + Run, the pruned program cached per (program, targets): repeated
+    evals prune once; other targets or an edited program prune again."""
+    prune_module = sys.modules[prune_cached.__module__]  # the package's `prune` is the function
+    x, _, pred, loss = build_regression()
+    main = nf.default_main_program()
+    calls = []
+    real = prune_module.prune
+    monkeypatch.setattr(prune_module, "prune", lambda p, t: calls.append(list(t)) or real(p, t))
+    scope = nf.Scope()
+    exe = nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    feed = {"x": np.ones((2, 4), "float32")}
+    first = [exe.eval(main, [pred], feed=feed, scope=scope)[0] for _ in range(3)]
+    assert calls == [[pred.name]]
+    for value in first[1:]:
+        np.testing.assert_array_equal(value, first[0])
+    exe.eval(main, [pred.name], feed=feed, scope=scope)  # same target by name: cached
+    assert len(calls) == 1
+    exe.eval(main, [loss], feed=dict(feed, y=np.ones((2, 1), "float32")), scope=scope)
+    assert calls[-1] == [loss.name]
+    with nf.program_guard(main):
+        nf.layers.relu(pred)
+    exe.eval(main, [pred], feed=feed, scope=scope)
+    assert calls == [[pred.name], [loss.name], [pred.name]]
