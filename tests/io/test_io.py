@@ -229,3 +229,35 @@ def test_corrupt_model_program_is_a_program_decode_error(trained, tmp_path):
     (tmp_path / "m" / "model.pb").write_bytes(b"\x0a\xff\xff garbage")
     with pytest.raises(nf.errors.ProgramDecodeError):
         nf.io.load_inference_model(tmp_path / "m")
+
+
+@pytest.mark.parametrize("crash_at", [0, 1, 2], ids=["params", "model.pb", "model.json"])
+def test_crash_mid_save_inference_model_leaves_no_truncated_file(
+    trained, tmp_path, monkeypatch, crash_at
+):
+    """Issue 3 item 6: a crash mid-save never leaves a truncated file where a good one was;
+    each of the model's three files is its old content or its new content, whole."""
+    main, scope, p = trained
+    nf.io.save_inference_model(tmp_path / "m", ["x"], [p], main, scope)
+    old = {name: (tmp_path / "m" / name).read_bytes() for name in os.listdir(tmp_path / "m")}
+    scope.find_var("fc1.w").get(nf.Tensor).set(np.ones((6, 5), "float32"))
+    nf.io.save_inference_model(tmp_path / "new", ["x"], [p], main, scope)
+    new = {name: (tmp_path / "new" / name).read_bytes() for name in old}
+    writes = []
+    real = atomic.write_chunks
+
+    def crash_on_one_write(file, data):
+        writes.append(len(data))
+        if len(writes) == crash_at + 1:
+            file.write(data[: len(data) // 2])
+            raise OSError("disk full")
+        real(file, data)
+
+    monkeypatch.setattr(atomic, "write_chunks", crash_on_one_write)
+    with pytest.raises(nf.errors.FileWriteError, match="disk full"):
+        nf.io.save_inference_model(tmp_path / "m", ["x"], [p], main, scope)
+    assert sorted(os.listdir(tmp_path / "m")) == sorted(old)  # no temporary file left
+    for name in old:
+        content = (tmp_path / "m" / name).read_bytes()
+        assert content in (old[name], new[name]), f"{name} is neither the old nor the new file"
+    assert (tmp_path / "m" / "model.json").read_bytes() == old["model.json"]
