@@ -30,13 +30,17 @@ Number = (int, float)
 
 
 def data(name: str, shape: Sequence[int], dtype: Any = "float32") -> VarDesc:
-    """A variable the user feeds at run time; -1 (or None) marks a dimension of any size."""
+    """A variable the user feeds at run time; -1 (or None) marks a dimension of any size.
+
+    Declared in the program's global block wherever it is called (as PaddlePaddle's
+    `layers.data` does), since feeds bind there: one made inside a sub-block can still be fed."""
     if any(d is not None and not isinstance(d, numbers.Integral) for d in shape):
         raise ShapeError(
             f"data '{name}': shape {list(shape)} must hold ints (-1 or None: any size)"
         )
     shape = [-1 if d is None else int(d) for d in shape]
-    return current_block().create_var(name, shape, dtype, stop_gradient=True)
+    block = current_block().program.global_block()
+    return block.create_var(name, shape, dtype, stop_gradient=True)
 
 
 def fill_constant(
