@@ -231,6 +231,12 @@ def test_corrupt_model_program_is_a_program_decode_error(trained, tmp_path):
         nf.io.load_inference_model(tmp_path / "m")
 
 
+def _same_tensors(data: bytes, other: bytes) -> bool:
+    """Both are whole safetensors files holding the same tensors."""
+    a, b = safetensors.numpy.load(data), safetensors.numpy.load(other)
+    return sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("crash_at", [0, 1, 2], ids=["params", "model.pb", "model.json"])
 def test_crash_mid_save_inference_model_leaves_no_truncated_file(
     trained, tmp_path, monkeypatch, crash_at
@@ -259,5 +265,8 @@ def test_crash_mid_save_inference_model_leaves_no_truncated_file(
     assert sorted(os.listdir(tmp_path / "m")) == sorted(old)  # no temporary file left
     for name in old:
         content = (tmp_path / "m" / name).read_bytes()
-        assert content in (old[name], new[name]), f"{name} is neither the old nor the new file"
+        if name == "params.safetensors":  # its header's key order varies: compare tensors
+            assert _same_tensors(content, old[name]) or _same_tensors(content, new[name])
+        else:
+            assert content in (old[name], new[name]), f"{name} is neither old nor new"
     assert (tmp_path / "m" / "model.json").read_bytes() == old["model.json"]
