@@ -131,3 +131,59 @@ def test_print_has_no_gradient_op_when_no_gradient_flows():
     L.Print(x)
     op = nf.default_main_program().global_block().ops[-1]
     assert get_op_def("print").grad_maker(op, NoGrads()) == []
+
+
+def test_print_inside_a_while_body_prints_every_iteration(capsys):
+    """Issue 3 item 7: print also runs inside sub-blocks: once per loop iteration, with the
+    value the body sees at that iteration."""
+    i = L.fill_constant([1], "int64", 0)
+    n = L.fill_constant([1], "int64", 3)
+    cond = L.less_than(i, n)
+    loop = nf.While(cond)
+    with loop.block():
+        L.Print(i, message="step")
+        L.increment(i)
+        L.less_than(i, n, out=cond)
+    (final,) = _run([i], {})
+    assert final.tolist() == [3]
+    printed = capsys.readouterr().out
+    assert printed.count(f"step Variable: {i.name}\n") == 3
+    for k in range(3):
+        assert f"data: [{k}]\n" in printed
+
+
+def test_print_inside_an_ifelse_branch_prints_the_branch_rows(capsys):
+    """Inside an IfElse branch print shows the rows that branch got."""
+    x = L.data("x", [-1, 1], "float64")
+    cond = L.greater_than(x, 0.0)
+    ie = nf.ifelse()
+    with ie.true_block():
+        ie.output(L.Print(ie.input(x), message="positive", summarize=-1))
+    with ie.false_block():
+        ie.output(L.scale(ie.input(x), -1.0))
+    (out,) = ie(cond)
+    (value,) = _run([out], {"x": np.array([[-1.0], [2.0], [3.0]])})
+    np.testing.assert_array_equal(value, [[1.0], [2.0], [3.0]])
+    printed = capsys.readouterr().out
+    assert printed.count("positive Variable: ") == 1
+    assert "shape: [2, 1]" in printed and "data: [2.0, 3.0]\n" in printed
+
+
+def test_print_of_a_gradient_through_append_backward(capsys):
+    """print_phase="backward" prints the gradient that append_backward routes through it, and
+    the gradient reaching the parameter is unchanged by the print."""
+    x = L.data("x", [-1, 2], "float64")
+    w = L.create_parameter([2], "float64", name="w", initializer=nf.initializer.Constant(1.0))
+    h = L.Print(L.elementwise_mul(x, w), message="dh", print_phase="backward", summarize=-1)
+    loss = L.mean(h)
+    nf.append_backward(loss)
+    assert "print_grad" in [op.type for op in nf.default_main_program().global_block().ops]
+    scope = nf.Scope()
+    nf.Executor().run(nf.default_startup_program(), scope=scope)
+    xs = np.array([[1.0, 2.0], [3.0, 4.0]])
+    (grad,) = nf.Executor().run(feed={"x": xs}, fetch_list=["w@GRAD"], scope=scope)
+    np.testing.assert_allclose(grad, xs.mean(axis=0) / 2, rtol=1e-12)
+    printed = capsys.readouterr().out
+    assert printed.count("dh Variable: ") == 1  # the backward pass only
+    assert f"dh Variable: {h.name}@GRAD" in printed
+    assert "data: [0.25, 0.25, 0.25, 0.25]\n" in printed
