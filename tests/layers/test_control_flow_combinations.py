@@ -472,3 +472,72 @@ def test_rnn_outputs_survive_buffer_release_and_reuse_until_copied_out(rng):
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
     for got_static, got_dynamic in zip(*runs):  # gradients too: no value lost to a release
         np.testing.assert_allclose(got_static, got_dynamic, rtol=1e-12, atol=1e-12)
+
+
+# ---- RNN steps where no row is running any more ----
+
+
+@pytest.mark.parametrize("lens", [[2, 1], [0, 0]], ids=["trailing-steps-idle", "all-empty"])
+def test_rnn_steps_past_every_rows_length_keep_memories_and_gradients(lens, rng):
+    x = L.data("x", [-1, -1, 2], "float64")
+    x.stop_gradient = False
+    lengths = L.data("lengths", [-1], "int64")
+    h0 = L.data("h0", [-1, 2], "float64")
+    h0.stop_gradient = False
+    w = L.create_parameter([2, 2], "float64", name="w", initializer=nf.initializer.Uniform(-1, 1))
+    rnn = nf.rnn()
+    with rnn.step():
+        xt = rnn.step_input(x, lengths=lengths)
+        h = rnn.memory(init=h0)
+        new = L.tanh(L.matmul(rnn.previous_memory(h), w) + xt)
+        rnn.update_memory(h, new)
+        rnn.output(new)
+    out = rnn()
+    final = rnn.final_memory(h)
+    loss = L.reduce_sum(L.square(out)) + L.reduce_sum(L.square(final))
+    nf.append_backward(loss)
+    feed = {
+        "x": rng.normal(size=(2, 4, 2)),
+        "lengths": np.array(lens, np.int64),
+        "h0": rng.normal(size=(2, 2)),
+    }
+    scope = _startup_scope()
+    o, f = nf.Executor().run(feed=feed, fetch_list=[out, final], scope=scope)
+    w_value = scope.find_var("w").get(nf.Tensor).numpy()
+    hs, want = feed["h0"].copy(), np.zeros((2, 4, 2))
+    for t in range(4):
+        new_value = np.tanh(hs @ w_value + feed["x"][:, t])
+        active = (np.array(lens) > t)[:, None]
+        hs = np.where(active, new_value, hs)
+        want[:, t] = np.where(active, new_value, 0.0)
+    np.testing.assert_allclose(o, want, rtol=1e-12)
+    np.testing.assert_allclose(f, hs, rtol=1e-12)
+    assert not o[:, max(lens) :].any()
+    _grad_check(loss, feed, ["w"], ["x", "h0"], scope)
+    assert scope.kids == []
+
+
+# ---- a condition fed with the wrong dtype or shape ----
+
+
+@pytest.mark.parametrize(
+    "cond, words",
+    [
+        (np.array([[1.0], [0.0]]), "has dtype float64, but the variable is bool"),
+        (np.array([[1], [0]]), "has dtype int64, but the variable is bool"),
+        (np.ones((2, 2), bool), r"has shape \[2, 2\], but the variable is declared \[-1, 1\]"),
+    ],
+    ids=["float", "int", "two-columns"],
+)
+def test_an_ifelse_condition_fed_wrong_is_a_clear_error_naming_the_op(cond, words):
+    x = L.data("x", [-1, 2], "float64")
+    ie = nf.ifelse(L.data("c", [-1, 1], "bool"))
+    with ie.true_block():
+        ie.output(L.scale(x, 2.0))
+    with ie.false_block():
+        ie.output(x)
+    (out,) = ie()
+    scope = nf.Scope()
+    with pytest.raises(nf.errors.FeedError, match=words + ".*read by op 'ifelse'"):
+        nf.Executor().run(feed={"x": np.ones((2, 2)), "c": cond}, fetch_list=[out], scope=scope)
+    assert scope.kids == []
