@@ -380,3 +380,26 @@ def test_unknown_fetch_target_is_a_fetch_error(model):
     with pytest.raises(FetchError, match="'no_such_var'"):
         model.exe.run(model.main, feed=model.feed(), fetch_list=["no_such_var"], scope=model.scope)
     model.assert_unchanged(before)
+
+
+def test_check_nan_inf_inside_a_sub_block_names_the_inner_op_and_line():
+    """check_nan_inf reaches ops in sub-blocks: a NaN made in a While body is reported at the
+    body's op, with the body's source line."""
+    main = nf.Program()
+    with nf.program_guard(main, nf.Program()):
+        x = nf.data("x", shape=[-1])
+        i = nf.layers.fill_constant([1], "int64", 0)
+        n = nf.layers.fill_constant([1], "int64", 2)
+        cond = nf.layers.less_than(i, n)
+        loop = nf.While(cond)
+        with loop.block():
+            bad = nf.layers.elementwise_div(x, x)  # marker: nan-in-body
+            nf.layers.assign(bad, output=x)
+            nf.layers.increment(i)
+            nf.layers.less_than(i, n, out=cond)
+    feed = {"x": np.zeros(2, np.float32)}
+    with np.errstate(all="ignore"), pytest.raises(NanInfError) as info:
+        nf.Executor().run(main, feed=feed, scope=nf.Scope(), check_nan_inf=True)
+    msg = str(info.value)
+    assert "op 'elementwise_div'" in msg and f"'{bad.name}' contains NaN" in msg
+    assert _built_here("marker: nan-in-body") in msg
