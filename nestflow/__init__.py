@@ -46,6 +46,7 @@ layer = layers
 add = layers.elementwise_add
 sigmoid = layers.sigmoid
 ifelse = layers.IfElse
+BlockOp = layers.BlockOp
 While = layers.While
 rnn = layers.RNN
 
@@ -97,6 +98,7 @@ __all__ = [
     "errors",
     "get_variable",
     "ifelse",
+    "BlockOp",
     "rnn",
     "minibatch",
     "sequence",

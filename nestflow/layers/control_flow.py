@@ -262,6 +262,92 @@ class IfElse:
         return outs
 
 
+class BlockOp:
+    """A Block run as one operator (seed 002: `class Block : OperatorBase`).
+
+        blk = nf.BlockOp()
+        with blk.block():                 # ops built here go into a child block
+            h = nf.layers.fc(x, size=4)   # outer x and the new parameters: read through scopes
+            blk.output(h)
+        (out,) = blk()                    # one `block` op; out is a variable of this block
+
+    When the op runs, the child block's ops run in order in a kid scope of the scope the op
+    runs in; outer variables are read through the scope chain, nothing is copied. `blk()`
+    returns, as a list, one new variable per `output(...)` holding its value after the block
+    has run. Gradients flow through it to outer variables and parameters.
+    Errors: ControlFlowError for a block that writes an outer variable (output it instead),
+    output() outside block(), or building the block twice.
+    """
+
+    def __init__(self, name: str | None = None):
+        self._program = default_main_program()
+        self._parent = current_block()
+        self._name = name or unique_name.generate("block_op")
+        self._block: Block | None = None
+        self._outputs: list[VarDesc] | None = None
+        self._building = False
+        self._done = False
+
+    @contextlib.contextmanager
+    def block(self) -> Iterator[Block]:
+        """`with blk.block():` builds the child block (once, in the block blk was made in)."""
+        if self._done or self._block is not None:
+            raise ControlFlowError(f"BlockOp '{self._name}': block() was already built")
+        if current_block() is not self._parent:
+            raise ControlFlowError(
+                f"BlockOp '{self._name}': block() must be used in the block the BlockOp was "
+                f"made in (block {self._parent.idx}), not block {current_block().idx}"
+            )
+        with self._program.block_guard(self._parent.idx) as block:
+            self._block, self._building = block, True
+            try:
+                yield block
+            finally:
+                self._building = False
+
+    def output(self, *outs: VarDesc) -> None:
+        """The variables whose values the block gives to the outside (call once)."""
+        if not self._building:
+            raise ControlFlowError(f"BlockOp '{self._name}': output() must be inside block()")
+        if self._outputs is not None:
+            raise ControlFlowError(f"BlockOp '{self._name}': output() called twice")
+        for out in outs:
+            if not isinstance(out, VarDesc):
+                raise ControlFlowError(
+                    f"BlockOp '{self._name}': output() takes variables, got {type(out).__name__}"
+                )
+        self._outputs = list(outs)
+
+    def __call__(self) -> list[VarDesc]:
+        """Append the block op; returns its outputs (a list, one per output())."""
+        if self._done:
+            raise ControlFlowError(f"BlockOp '{self._name}' was already called")
+        if self._block is None or self._building:
+            raise ControlFlowError(f"BlockOp '{self._name}': call it after building block()")
+        writes = _outer_writes(self._block)
+        if writes:
+            raise ControlFlowError(
+                f"BlockOp '{self._name}': the block writes outer variable(s) {writes}; make a "
+                f"new variable in the block and pass it to output() instead"
+            )
+        inner = self._outputs or []
+        outs = [
+            self._parent.create_var(unique_name.generate(f"{self._name}.out"), v.shape, v.dtype)
+            for v in inner
+        ]
+        scope = self._parent.create_var(
+            unique_name.generate(f"{self._name}.scope"), type="step_scopes", stop_gradient=True
+        )
+        self._parent.append_op(
+            "block",
+            inputs={"X": _outer_reads(self._block)},
+            outputs={"Out": outs, "Scope": [scope]},
+            attrs={"sub_block": self._block, "outs": [v.name for v in inner]},
+        )
+        self._done = True
+        return outs
+
+
 def ifelse(cond: VarDesc | None = None, name: str | None = None) -> IfElse:
     """The seed's `pd.ifelse()`: an IfElse (condition given now or to the call)."""
     return IfElse(cond, name)
@@ -416,6 +502,7 @@ def array_to_tensor(array: VarDesc, axis: int = 0) -> VarDesc:
 
 
 __all__ = [
+    "BlockOp",
     "IfElse",
     "While",
     "array_length",

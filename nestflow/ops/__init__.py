@@ -2,6 +2,7 @@
 
 from nestflow.ops import (  # noqa: F401  (registers the ops)
     activation,
+    block,
     constant,
     debug,
     ifelse,

@@ -11,6 +11,7 @@ from tests.ops.harness import OpCase, cases_in
 # Ops whose gradients need sub-blocks, step scopes or tensor arrays, which a one-op program
 # cannot hold; each is checked numerically through the layers that build it.
 CHECKED_ELSEWHERE = {
+    "block": "tests/layers/test_block_op.py",
     "ifelse": "tests/layers/test_ifelse.py",
     "recurrent": "tests/layers/test_rnn.py",
     "while": "tests/layers/test_while.py",

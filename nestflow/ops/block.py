@@ -1,0 +1,97 @@
+"""block: a Block run as one operator (seed 002's `class Block : OperatorBase`), and its
+gradient `block_grad`.
+
+The op runs its sub-block's ops in order in a kid scope of the scope it runs in, as the seed's
+Block::Run runs its operators in a scope: outer variables (slot "X", parameters included) are
+read through the frame and scope chain, never copied; the values the block makes for the
+outside (attr `outs`, names inside the block) become the op's "Out". The kid scope is kept in
+"Scope" (a step-scopes variable) so `block_grad` runs the block's gradient ops in it, reading
+the forward values where the forward pass left them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nestflow.framework.program import GRAD_SUFFIX, OpDesc
+from nestflow.ops.ifelse import set_grads, store_step
+from nestflow.ops.registry import GradContext, GradOpSpec, register_op
+
+
+def _block_value(frame, values: dict[str, Any], name: str, outer: bool = True) -> Any:
+    """A value the block's frame made, else one bound to it, else (`outer`) one it reaches up
+    its frame and scope chain."""
+    if not name:
+        return None
+    value = frame.value(name)
+    if value is None:
+        value = values.get(name)
+    return frame.lookup(name) if value is None and outer else value
+
+
+@register_op
+class block:
+    """Out[i] = the value the sub-block gives its variable `outs[i]` when its ops have run."""
+
+    inputs = ("X*",)
+    outputs = ("Out*", "Scope")
+    attrs = {"sub_block": None, "outs": []}
+
+    def run(ctx):
+        scope = ctx.scope.new_scope()
+        frame = ctx.run_block(ctx.attrs["sub_block"], scope, {})
+        store_step(frame, scope, {})
+        ctx.set_outputs("Out", [_block_value(frame, {}, name) for name in ctx.attrs["outs"]])
+        ctx.set_output("Scope", [scope])
+
+    def grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
+        outs, inner_outs = op.output("Out"), op.attrs["outs"]
+        out_grads = [ctx.grad_of(n) for n in outs]
+        if all(g is None for g in out_grads):
+            return []
+        x_names = op.input("X")
+        x_grads = [ctx.grad_of(n) for n in x_names]
+        wanted = [n for n, g in zip(x_names, x_grads) if g]
+        if not wanted:
+            return []
+        seeds = {inner: inner + GRAD_SUFFIX for inner, g in zip(inner_outs, out_grads) if g}
+        grad_block, got = ctx.backward_block(op.attrs["sub_block"], seeds, wanted)
+        attrs = {
+            "grad_block": grad_block,
+            "seeds": [seeds[n] if g else "" for n, g in zip(inner_outs, out_grads)],
+            "x_grads": [got.get(n, "") if g else "" for n, g in zip(x_names, x_grads)],
+        }
+        inputs = {
+            "X": x_names,
+            "Out": outs,
+            "Out" + GRAD_SUFFIX: [g or "" for g in out_grads],
+            "Scope": op.output("Scope"),
+        }
+        outputs = {"X" + GRAD_SUFFIX: [g or "" for g in x_grads]}
+        return [GradOpSpec("block_grad", inputs, outputs, attrs)]
+
+
+@register_op
+class block_grad:
+    """Runs the block's gradient ops in the kept kid scope, seeded with the output gradients
+    (zeros for an output no gradient reached); gives the outer inputs' gradients."""
+
+    inputs = ("X*", "Out*", "Out@GRAD*", "Scope")
+    outputs = ("X@GRAD*",)
+    attrs = {"grad_block": None, "seeds": [], "x_grads": []}
+
+    def run(ctx):
+        attrs = ctx.attrs
+        (scope,) = ctx.input("Scope")
+        values: dict[str, Any] = {}
+        outs, out_grads = ctx.inputs("Out"), ctx.inputs("Out" + GRAD_SUFFIX)
+        for seed, out, grad in zip(attrs["seeds"], outs, out_grads):
+            if not seed:
+                continue
+            part = np.zeros_like(out) if grad is None else grad
+            values[seed] = values[seed] + part if seed in values else part
+        frame = ctx.run_block(attrs["grad_block"], scope, values)
+        grads = [_block_value(frame, values, name, outer=False) for name in attrs["x_grads"]]
+        set_grads(ctx, "X" + GRAD_SUFFIX, grads, ctx.inputs("X"))
