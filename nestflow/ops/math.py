@@ -112,18 +112,29 @@ class elementwise_mul:
         )
 
 
+_divide_when_aligned = _ufunc_when_aligned(np.divide)
+
+
 @register_op
 class elementwise_div:
-    """Out = X / Y with broadcasting."""
+    """Out = X / Y with broadcasting. Out has X's dtype: integers divide truncating toward
+    zero (Paddle's integer kernel; `x / 2` on an int variable gives the same)."""
 
     inputs, outputs = ("X", "Y"), ("Out",)
     attrs = {"axis": -1}
     infer = _infer_binary
-    specialize = _ufunc_when_aligned(np.divide)
     inplace = {"Out": "X"}
 
+    def specialize(X, Y, axis):
+        if X is not None and np.dtype(X.dtype).kind in "iu":
+            return None  # np.divide would give floats
+        return _divide_when_aligned(X, Y, axis)
+
     def forward(X, Y, axis):
-        return np.asarray(X / align_y(X.ndim, Y, axis))
+        y = align_y(X.ndim, Y, axis)
+        if X.dtype.kind in "iu":
+            return np.asarray((X - np.fmod(X, y)) // y)
+        return np.asarray(X / y)
 
     def backward(X, Y, Out, Out_grad, axis):
         y = align_y(X.ndim, Y, axis)

@@ -92,6 +92,25 @@ def binary_cases():
         )
     ints = {"X": rng.integers(-5, 5, (2, 3)), "Y": rng.integers(1, 5, (3,))}
     cases.append(OpCase("elementwise_add", ints, lambda X, Y: {"Out": X + Y}, id="add-int64"))
+    # Integers keep their dtype (as inferred): the integer kernel divides truncating toward
+    # zero, like Paddle's C++ kernel and `x / 2` on an int variable (scale, then cast back).
+    signed = {"X": np.array([[7, -7, 6], [-1, 0, 9]]), "Y": np.array([2, 2, -4])}
+    cases.append(
+        OpCase(
+            "elementwise_div",
+            signed,
+            lambda X, Y: {"Out": np.trunc(X / Y).astype(X.dtype)},
+            id="div-int64-truncates",
+        )
+    )
+    cases.append(
+        OpCase(
+            "elementwise_div",
+            {"X": np.array([5, -5, 4], np.int32), "Y": np.array([3], np.int32)},
+            lambda X, Y: {"Out": np.array([1, -1, 1], np.int32)},
+            id="div-int32-broadcast",
+        )
+    )
     return cases
 
 
