@@ -29,7 +29,11 @@ def _mul(x, y):
 
 
 def _div(x, y):
-    return nn.scale(x, 1.0 / float(y)) if isinstance(y, _NUMBER) else nn.elementwise_div(x, y)
+    if isinstance(y, _NUMBER) and y != 0:
+        return nn.scale(x, 1.0 / float(y))
+    if isinstance(y, _NUMBER):  # x / 0: NumPy's inf/nan at run time, not a ZeroDivisionError
+        y = nn.fill_constant([1], x.dtype, y)
+    return nn.elementwise_div(x, y)
 
 
 def _rdiv(x, y):
