@@ -9,7 +9,16 @@ import functools
 
 import numpy as np
 
-from nestflow.ops.registry import fail, register_op, same_as
+from nestflow.core.dtype import is_floating
+from nestflow.errors import DTypeError
+from nestflow.ops.registry import VarInfo, fail, register_op, same_as
+
+
+def _require_float(X: VarInfo, op: str) -> VarInfo:
+    """X, if it is floating point: these kernels make floats, and Out has X's dtype."""
+    if not is_floating(X.dtype):
+        raise DTypeError(f"{op} needs a floating-point X, got {X.dtype}; cast it first")
+    return X
 
 
 @register_op
@@ -39,8 +48,10 @@ class sigmoid:
     """Out = 1 / (1 + exp(-X))."""
 
     inputs, outputs = ("X",), ("Out",)
-    infer = same_as(0)
     grad_inplace = {"X@GRAD": "Out@GRAD"}
+
+    def infer(X):
+        return _require_float(X, "sigmoid")
 
     def forward(X):
         # tanh form: no overflow warning for large |X|, same value as 1/(1+exp(-X)).
@@ -58,9 +69,11 @@ class tanh:
     """Out = tanh(X)."""
 
     inputs, outputs = ("X",), ("Out",)
-    infer = same_as(0)
     inplace = {"Out": "X"}
     grad_inplace = {"X@GRAD": "Out@GRAD"}
+
+    def infer(X):
+        return _require_float(X, "tanh")
 
     def specialize(X):
         return np.tanh if X is not None and X.ndim else None
@@ -84,7 +97,7 @@ class softmax:
     def infer(X, axis):
         if X.ndim and not -X.ndim <= axis < X.ndim:  # rank 0: not known yet (a Net's var)
             fail(f"axis {axis} is out of range for X {list(X.shape)}")
-        return X
+        return _require_float(X, "softmax")
 
     def forward(X, axis):
         shifted = np.exp(X - X.max(axis=axis, keepdims=True)) if X.size else X.copy()

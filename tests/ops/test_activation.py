@@ -86,3 +86,23 @@ def test_softmax_axis_out_of_range_fails_when_built():
     x = nf.layers.data("x", [2, 3], "float32")
     with pytest.raises(ShapeError, match=r"axis 2 is out of range for X \[2, 3\]"):
         nf.layers.softmax(x, axis=2)
+
+
+@pytest.mark.parametrize("op", ["sigmoid", "tanh", "softmax"])
+@pytest.mark.parametrize("dtype", ["int64", "int32", "bool"])
+def test_float_only_activations_refuse_other_dtypes_when_built(op, dtype):
+    """sigmoid/tanh/softmax of integers would give floats where X's dtype is inferred: like
+    mean, they refuse a non-float X when the op is appended, naming the op and dtype."""
+    x = nf.layers.data("x", [-1, 3], dtype)
+    with pytest.raises(nf.errors.DTypeError, match=f"{op}.*{dtype}") as info:
+        getattr(nf.layers, op)(x)  # marker: int-activation
+    assert info.value.location.op_type == op
+    assert "test_activation.py" in str(info.value)
+    assert nf.default_main_program().global_block().ops == []
+
+
+def test_relu_of_integers_keeps_their_dtype():
+    x = nf.layers.data("x", [-1, 2], "int64")
+    out = nf.layers.relu(x)
+    (got,) = nf.Executor().run(feed={"x": np.array([[-2, 3]])}, fetch_list=[out], scope=nf.Scope())
+    assert out.dtype == "int64" and got.dtype == np.int64 and got.tolist() == [[0, 3]]
