@@ -5,13 +5,17 @@
     model.json           {"feed": [...], "fetch": [...]}: what to feed and what to fetch
 
 Each file is written atomically; model.json is written last, so a directory whose save was cut
-short is not mistaken for a complete model.
+short is not mistaken for a complete model. model.json and the parameter file's header carry the
+same save id: a save cut short after the parameters were replaced (new parameters beside the old
+program) fails to load with a clear error instead of loading a mix of two saves. A parameter
+file written by save_params (no save id) is accepted in their place.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Sequence
 
 from nestflow.core.scope import Scope
@@ -20,11 +24,12 @@ from nestflow.executor.plan import BlockPlan
 from nestflow.executor.prune import prune, target_names
 from nestflow.framework.program import Program, VarDesc
 from nestflow.io.atomic import write_atomic
-from nestflow.io.params import load_params, save_params
+from nestflow.io.params import load_params, read_metadata, write_params
 
 MODEL_FILE = "model.pb"
 PARAMS_FILE = "params.safetensors"
 META_FILE = "model.json"
+SAVE_ID = "save_id"
 
 
 def save_inference_model(
@@ -58,9 +63,10 @@ def save_inference_model(
                 f"(feeds: {feed_names}) nor a parameter"
             )
     os.makedirs(dirname, exist_ok=True)
-    save_params(scope, small, os.path.join(dirname, PARAMS_FILE))
+    save_id = uuid.uuid4().hex
+    write_params(scope, small, os.path.join(dirname, PARAMS_FILE), {SAVE_ID: save_id})
     write_atomic(os.path.join(dirname, MODEL_FILE), small.to_bytes())
-    meta = {"format": "nestflow.inference_model", "version": 1}
+    meta = {"format": "nestflow.inference_model", "version": 1, SAVE_ID: save_id}
     meta |= {"feed": feed_names, "fetch": fetch_names}
     write_atomic(os.path.join(dirname, META_FILE), json.dumps(meta, indent=2).encode())
     return small
@@ -89,6 +95,13 @@ def load_inference_model(
             data = file.read()
     except OSError as exc:
         raise ProgramDecodeError(f"cannot read the model program: {exc}") from None
+    params_path = os.path.join(dirname, PARAMS_FILE)
+    params_id = read_metadata(params_path).get(SAVE_ID)
+    if params_id and meta.get(SAVE_ID) and params_id != meta[SAVE_ID]:
+        raise ProgramDecodeError(
+            f"'{params_path}' comes from another save than '{meta_path}': a save into "
+            f"'{dirname}' was cut short after writing the parameters; save the model again"
+        )
     program = Program.from_bytes(data)
     scope = scope if scope is not None else Scope()
     load_params(scope, program, os.path.join(dirname, PARAMS_FILE))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -28,6 +29,13 @@ def persistable_vars(program: Program) -> list[VarDesc]:
 def save_params(scope: Scope, program: Program, path: str | os.PathLike) -> None:
     """Write the values in `scope` of `program`'s persistable variables to `path` (safetensors),
     atomically. Raises UninitializedError naming any the scope does not hold."""
+    write_params(scope, program, path, {})
+
+
+def write_params(
+    scope: Scope, program: Program, path: str | os.PathLike, metadata: dict[str, str]
+) -> None:
+    """save_params, with `metadata` added to the file's header."""
     tensors: dict[str, np.ndarray] = {}
     missing = []
     for var in persistable_vars(program):
@@ -44,7 +52,20 @@ def save_params(scope: Scope, program: Program, path: str | os.PathLike) -> None
             f"cannot save parameters: the scope holds no value for {missing} "
             "(run the startup program first)"
         )
-    write_atomic(path, safetensors.numpy.save(tensors, metadata=_FORMAT))
+    write_atomic(path, safetensors.numpy.save(tensors, metadata=_FORMAT | metadata))
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The string metadata in a safetensors file's header ({} if unreadable: loading the
+    tensors reports that)."""
+    try:
+        with open(path, "rb") as file:
+            size = int.from_bytes(file.read(8), "little")
+            header = json.loads(file.read(size)) if 0 < size < 1 << 24 else {}
+        metadata = header.get("__metadata__") or {}
+        return {str(k): str(v) for k, v in metadata.items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:

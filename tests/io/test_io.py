@@ -270,3 +270,23 @@ def test_crash_mid_save_inference_model_leaves_no_truncated_file(
         else:
             assert content in (old[name], new[name]), f"{name} is neither old nor new"
     assert (tmp_path / "m" / "model.json").read_bytes() == old["model.json"]
+    if crash_at == 0:  # nothing was replaced: the old model loads
+        nf.io.load_inference_model(tmp_path / "m")
+    else:  # new parameters beside the old program: refused, not loaded as a mix
+        with pytest.raises(nf.errors.ProgramDecodeError, match="cut short"):
+            nf.io.load_inference_model(tmp_path / "m")
+
+
+def test_parameters_replaced_with_save_params_load_with_the_saved_model(trained, tmp_path):
+    """Updating a saved model's weights in place (save_params over params.safetensors) is
+    accepted: only a file from another inference-model save is refused."""
+    main, scope, p = trained
+    program = nf.io.save_inference_model(tmp_path / "m", ["x"], [p], main, scope)
+    scope.find_var("fc1.w").get(nf.Tensor).set(np.full((6, 5), 0.5, "float32"))
+    nf.io.save_params(scope, program, tmp_path / "m" / "params.safetensors")
+    _, _, _, loaded = nf.io.load_inference_model(tmp_path / "m")
+    np.testing.assert_array_equal(value(loaded, "fc1.w"), np.full((6, 5), 0.5, "float32"))
+    nf.io.save_inference_model(tmp_path / "other", ["x"], [p], main, scope)
+    os.replace(tmp_path / "other" / "params.safetensors", tmp_path / "m" / "params.safetensors")
+    with pytest.raises(nf.errors.ProgramDecodeError, match="another save"):
+        nf.io.load_inference_model(tmp_path / "m")
