@@ -40,6 +40,15 @@ def data(name: str, shape: Sequence[int], dtype: Any = "float32") -> VarDesc:
         )
     shape = [-1 if d is None else int(d) for d in shape]
     block = current_block().program.global_block()
+    known = block.vars.get(name)
+    if known is not None and (
+        list(known.shape) != shape or known.dtype != dtype_name(dtype) or known.persistable
+    ):
+        raise ShapeError(
+            f"data '{name}' {shape} {dtype_name(dtype)}: the program already has a variable "
+            f"'{name}' ({known.dtype}{list(known.shape)}"
+            f"{', persistable' if known.persistable else ''}); give the data another name"
+        )
     return block.create_var(name, shape, dtype, stop_gradient=True)
 
 
