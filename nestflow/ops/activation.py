@@ -11,7 +11,7 @@ import numpy as np
 
 from nestflow.core.dtype import is_floating
 from nestflow.errors import DTypeError
-from nestflow.ops.registry import VarInfo, fail, register_op, same_as
+from nestflow.ops.registry import VarInfo, fail, numeric_same_as, register_op
 
 
 def _require_float(X: VarInfo, op: str) -> VarInfo:
@@ -26,7 +26,7 @@ class relu:
     """Out = max(X, 0)."""
 
     inputs, outputs = ("X",), ("Out",)
-    infer = same_as(0)
+    infer = numeric_same_as(0)
     inplace = {"Out": "X"}
     grad_inplace = {"X@GRAD": "Out@GRAD"}
 

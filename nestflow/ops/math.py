@@ -7,7 +7,14 @@ import functools
 import numpy as np
 
 from nestflow.errors import DTypeError
-from nestflow.ops.registry import VarInfo, broadcast_shapes, fail, register_op, same_as
+from nestflow.ops.registry import (
+    VarInfo,
+    broadcast_shapes,
+    fail,
+    numeric_same_as,
+    register_op,
+    same_as,
+)
 
 
 def align_y(x_ndim: int, y: np.ndarray, axis: int) -> np.ndarray:
@@ -182,7 +189,7 @@ class square:
     """Out = X * X."""
 
     inputs, outputs = ("X",), ("Out",)
-    infer = same_as(0)
+    infer = numeric_same_as(0)
 
     def forward(X):
         return np.asarray(np.square(X))

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from nestflow.core.dtype import dtype_name
-from nestflow.errors import AttrError, NestflowError, ShapeError, UnknownOpError
+from nestflow.errors import AttrError, DTypeError, NestflowError, ShapeError, UnknownOpError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc, install_op_validator
 
 
@@ -408,6 +408,19 @@ def same_as(slot_index: int = 0) -> Callable:
 
     def infer(*args, **_attrs):
         return args[slot_index]
+
+    return infer
+
+
+def numeric_same_as(slot_index: int = 0) -> Callable:
+    """infer: like same_as, for kernels whose arithmetic turns bool into an integer type (so
+    a bool X could not keep its declared dtype): bool X is a DTypeError."""
+
+    def infer(*args, **_attrs):
+        info = args[slot_index]
+        if info.dtype == "bool":
+            raise DTypeError("X is bool, which this op's arithmetic does not keep; cast it first")
+        return info
 
     return infer
 

@@ -106,3 +106,13 @@ def test_relu_of_integers_keeps_their_dtype():
     out = nf.layers.relu(x)
     (got,) = nf.Executor().run(feed={"x": np.array([[-2, 3]])}, fetch_list=[out], scope=nf.Scope())
     assert out.dtype == "int64" and got.dtype == np.int64 and got.tolist() == [[0, 3]]
+
+
+@pytest.mark.parametrize("op", ["relu", "square"])
+def test_relu_and_square_refuse_bool_when_built(op):
+    """Their arithmetic turns bool into an integer type, so a bool Out could not be kept."""
+    x = nf.layers.data("x", [-1, 3], "bool")
+    with pytest.raises(nf.errors.DTypeError, match="bool") as info:
+        getattr(nf.layers, op)(x)
+    assert info.value.location.op_type == op
+    assert nf.default_main_program().global_block().ops == []
