@@ -157,7 +157,7 @@ class Executor:
         fed_only = None
         slot_of = plan.slot_of
         for name, value in feed.items():
-            name, array = _checked_feed(block, name, value)
+            name, array = checked_feed(block, name, value)
             slot = slot_of.get(name)
             if slot is not None:
                 env[slot] = array
@@ -262,7 +262,7 @@ class Executor:
         # pruned program no longer needs are checked, then left out.
         kept = small.global_block()
         block = program.global_block()
-        arrays = (_checked_feed(block, name, value) for name, value in (feed or {}).items())
+        arrays = (checked_feed(block, name, value) for name, value in (feed or {}).items())
         feed = {name: a for name, a in arrays if kept.find_var(name) is not None}
         return self.run(small, feed=feed, fetch_list=targets, scope=scope)
 
@@ -331,7 +331,7 @@ def _to_numpy(value: Any) -> Any:
     return value
 
 
-def _checked_feed(block: Block, name: str | VarDesc, value: Any) -> tuple[str, np.ndarray]:
+def checked_feed(block: Block, name: str | VarDesc, value: Any) -> tuple[str, np.ndarray]:
     """A fed value as an array of its variable's dtype, with the variable's name; FeedError for
     a name the block does not declare or a value of the wrong shape or dtype."""
     name = name.name if isinstance(name, VarDesc) else name
@@ -400,4 +400,4 @@ def _missing_feed_message(plan: BlockPlan, name: str) -> str:
     return f"variable '{name}' must be fed: it is read by {_first_reader(plan, name)}"
 
 
-__all__ = ["Executor", "NestflowError", "check_feed", "global_scope"]
+__all__ = ["Executor", "NestflowError", "check_feed", "checked_feed", "global_scope"]

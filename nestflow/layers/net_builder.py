@@ -13,7 +13,7 @@ from nestflow import layers
 from nestflow.core.scope import Scope
 from nestflow.core.tensor import Tensor
 from nestflow.errors import NestflowError
-from nestflow.executor.executor import check_feed
+from nestflow.executor.executor import checked_feed
 from nestflow.executor.net import Net
 from nestflow.framework.program import VarDesc
 
@@ -80,8 +80,9 @@ class NetBuilder:
     ) -> None:
         """One pass over the net in `scope`: forward, backward and optimizer ops, or with
         need_backward=False the forward ops only. `feed` values are put in the scope first."""
-        for name, value in (feed or {}).items():
-            array = check_feed(self.net._var(name), value)
+        # Every feed is checked before any is stored: a bad one leaves the scope as it was.
+        arrays = [checked_feed(self.net.block, name, value) for name, value in (feed or {}).items()]
+        for name, array in arrays:
             scope.var(name).get_mutable(Tensor)._array = array
         if not need_backward:
             self.net.run(scope, context, 0, self.last_forward_op)

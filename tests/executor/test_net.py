@@ -392,3 +392,14 @@ def test_add_optimizer_ops_builds_the_same_update_as_the_frontend():
         adams = [op for op in program.global_block().ops if op.type == "adam"]
         assert len(adams) == 2  # fc.w and fc.b
         assert dict(adams[0].attrs) == {"beta1": 0.9, "beta2": 0.99, "epsilon": 1e-8}
+
+
+def test_net_builder_bad_feed_names_its_reader_and_stores_nothing():
+    builder = nf.NetBuilder(nf.Net.create())
+    linear_regression(builder)
+    xs, ys = regression_data()
+    scope = nf.Scope()
+    with pytest.raises(nf.errors.FeedError, match="'y' has shape .*read by op") as info:
+        builder.run(scope, need_backward=False, feed={"x": xs, "y": ys[:, :0]})
+    assert "test_net.py" in str(info.value) or "built at" in str(info.value)
+    assert scope.find_var("x") is None  # the good feed before it was not stored either
