@@ -8,6 +8,7 @@ import pytest
 
 import nestflow as nf
 from nestflow.core.scope import live_scope_count
+from tests.gradcheck import numeric_gradient
 
 L = nf.layers
 
@@ -30,26 +31,6 @@ def _fc_block(dtype="float64"):
 
 def _params(scope):
     return [scope.find_var(n).get(nf.Tensor).numpy() for n in ("inner.w", "inner.b")]
-
-
-def _numeric_gradient(exe, main, scope, feed, loss, name, eps=1e-6):
-    """Central differences of `loss` w.r.t. a scope variable or (name in feed) a feed."""
-    if name in feed:
-        value, put = feed[name], lambda v: feed.__setitem__(name, v)
-    else:
-        tensor = scope.find_var(name).get(nf.Tensor)
-        value, put = tensor.numpy(), tensor.set
-    grad = np.zeros_like(value)
-    for index in np.ndindex(value.shape):
-        losses = []
-        for delta in (eps, -eps):
-            moved = value.copy()
-            moved[index] += delta
-            put(moved)
-            losses.append(float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0]))
-        grad[index] = (losses[0] - losses[1]) / (2 * eps)
-    put(value)
-    return grad
 
 
 def test_the_block_runs_as_one_op_and_matches_numpy(rng):
@@ -76,7 +57,7 @@ def test_gradients_match_central_differences(rng):
     names = ["x@GRAD", "inner.w@GRAD", "inner.b@GRAD"]
     analytic = exe.run(main, feed=feed, fetch_list=names, scope=scope)
     for name, got in zip(names, analytic):
-        want = _numeric_gradient(exe, main, scope, feed, loss, name[: -len("@GRAD")])
+        want = numeric_gradient(exe, main, scope, feed, loss, name[: -len("@GRAD")])
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9, err_msg=name)
 
 
@@ -114,7 +95,7 @@ def test_nested_blocks_and_an_ifelse_inside_with_gradients(rng):
     want = 2 * np.tanh(np.where(rows, xs @ wv, 3 * xs))
     np.testing.assert_allclose(got, want, rtol=1e-12)
     for name, value in (("x", gx), ("w", gw)):
-        numeric = _numeric_gradient(exe, main, scope, feed, loss, name)
+        numeric = numeric_gradient(exe, main, scope, feed, loss, name)
         np.testing.assert_allclose(value, numeric, rtol=1e-6, atol=1e-9, err_msg=name)
 
 

@@ -7,6 +7,7 @@ import pytest
 
 import nestflow as nf
 from nestflow.errors import ControlFlowError, MaxStepsExceededError
+from tests.gradcheck import assert_gradients_match
 
 L = nf.layers
 
@@ -150,35 +151,9 @@ def test_while_program_round_trips_through_protobuf(rng):
     np.testing.assert_array_equal(a, b)
 
 
-def _numeric_check(loss, feed, params, inputs, scope, eps=1e-6):
+def _numeric_check(loss, feed, params, inputs, scope):
     """Analytic gradients (fetched as `name@GRAD`) against central differences of the loss."""
-    exe = nf.Executor()
-    names = [n + "@GRAD" for n in params + inputs]
-    analytic = exe.run(feed=feed, fetch_list=names, scope=scope)
-
-    def loss_value(run_feed):
-        return exe.run(feed=run_feed, fetch_list=[loss], scope=scope)[0].sum()
-
-    for name, grad in zip(params + inputs, analytic):
-        if name in params:
-            tensor = scope.find_var(name).get(nf.Tensor)
-            base = tensor.numpy().copy()
-        else:
-            base = feed[name]
-        numeric = np.zeros_like(base)
-        for index in np.ndindex(base.shape):
-            for sign in (1.0, -1.0):
-                moved = base.copy()
-                moved[index] += sign * eps
-                if name in params:
-                    tensor.set(moved)
-                    numeric[index] += sign * loss_value(feed) / (2 * eps)
-                else:
-                    numeric[index] += sign * loss_value({**feed, name: moved}) / (2 * eps)
-        if name in params:
-            tensor.set(base)
-        assert grad.shape == base.shape, name
-        np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8, err_msg=name)
+    assert_gradients_match(nf.Executor(), None, scope, feed, loss, params + inputs)
 
 
 @pytest.mark.parametrize("loss_reads_x", [True, False])

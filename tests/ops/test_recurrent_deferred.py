@@ -9,6 +9,7 @@ import pytest
 
 import nestflow as nf
 from nestflow.framework.program import GRAD_SUFFIX
+from tests.gradcheck import numeric_gradient
 
 L = nf.layers
 BATCH, STEPS, FEATURES, HIDDEN = 3, 4, 3, 2
@@ -75,22 +76,6 @@ def _feed(rng, step):
     }
 
 
-def _numeric_gradient(exe, main, scope, feed, loss, name, eps=1e-6):
-    tensor = scope.find_var(name).get(nf.Tensor)
-    value = tensor.numpy()
-    grad = np.zeros_like(value)
-    for index in np.ndindex(value.shape):
-        losses = []
-        for delta in (eps, -eps):
-            moved = value.copy()
-            moved[index] += delta
-            tensor.set(moved)
-            losses.append(float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0]))
-        grad[index] = (losses[0] - losses[1]) / (2 * eps)
-    tensor.set(value)
-    return grad
-
-
 def _recurrent_grad(main):
     return next(op for b in main.blocks for op in b.ops if op.type == "recurrent_grad")
 
@@ -120,7 +105,7 @@ def test_parameter_gradients_match_central_differences(rng, step, deferred):
     names = [g.name for _, g in params_grads]
     analytic = exe.run(main, feed=feed, fetch_list=names, scope=scope)
     for (param, _), got in zip(params_grads, analytic):
-        want = _numeric_gradient(exe, main, scope, feed, loss, param.name)
+        want = numeric_gradient(exe, main, scope, feed, loss, param.name)
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8, err_msg=param.name)
 
 
