@@ -289,3 +289,19 @@ def test_return_numpy_false_gives_raw_values(mlp):
     main, scope, exe, y = mlp
     (raw,) = exe.run(main, feed={"x": _xs()}, fetch_list=[y], scope=scope, return_numpy=False)
     np.testing.assert_allclose(np.asarray(raw), _reference(scope, _xs()), rtol=1e-6)
+
+
+def test_a_feed_is_checked_again_when_its_shape_or_dtype_changes():
+    """The executor skips re-checking a feed like the last accepted one; any other is checked."""
+    x = nf.data("x", shape=[-1, 3], dtype="float32")
+    out = nf.layers.scale(x, 2.0)
+    exe, scope = nf.Executor(), nf.Scope()
+    for rows in (2, 2, 5):
+        (got,) = exe.run(feed={"x": np.ones((rows, 3), "float32")}, fetch_list=[out], scope=scope)
+        assert got.shape == (rows, 3)
+    with pytest.raises(nf.errors.FeedError, match="shape"):
+        exe.run(feed={"x": np.ones((2, 4), "float32")}, fetch_list=[out], scope=scope)
+    with pytest.raises(nf.errors.FeedError, match="dtype"):
+        exe.run(feed={"x": np.ones((2, 3), "int64")}, fetch_list=[out], scope=scope)
+    (got,) = exe.run(feed={"x": np.ones((2, 3), "float64")}, fetch_list=[out], scope=scope)
+    assert got.dtype == np.float32  # same-kind values are cast to the declared dtype
