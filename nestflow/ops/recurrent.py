@@ -116,6 +116,20 @@ def _step_value(frame, bound: dict[str, Any], name: str) -> Any:
     return frame.lookup(name) if value is None else value
 
 
+def _no_steps(block, name: str, batch: int) -> np.ndarray:
+    """A step output stacked over zero steps: [batch, 0, ...] with the step variable's declared
+    row shape, which must be known since no step ran to show it."""
+    var = block.find_var(name)
+    shape = tuple(var.shape) if var is not None else ()
+    tail = shape[1:]
+    if not shape or any(d < 0 for d in tail):
+        raise ControlFlowError(
+            f"recurrent: the sequences have no time steps, and step output '{name}' is declared "
+            f"{list(shape)}: its shape after the batch dim must be known to give an empty output"
+        )
+    return np.zeros((batch, 0, *tail), dtype=var.dtype)
+
+
 @register_op
 class recurrent:
     """Outputs[i][:, t] = step output i of time step t (zero past a row's length).
@@ -143,9 +157,11 @@ class recurrent:
         for name, boot_name, value in zip(memories, op.input("Boots"), ctx.inputs("Boots")):
             current[name] = _as_rows(value, batch, boot_name, f"initial value of memory '{name}'")
         if steps == 0:
-            raise ControlFlowError(
-                f"recurrent: the sequences {in_names} have no time steps (time dim 0)"
-            )
+            # No step runs: memories keep their initial values, outputs have no time steps.
+            ctx.set_outputs("Outputs", [_no_steps(block, name, batch) for name in outs])
+            ctx.set_outputs("FinalMemories", [current[name] for name in memories])
+            ctx.set_output("StepScopes", [])
+            return
         scopes = []
         collected: list[list[np.ndarray]] = [[] for _ in outs]
         run_block, remembered = ctx.executor.run_sub_block, {}

@@ -494,3 +494,47 @@ def test_outputs_that_are_the_memory_and_the_step_input_get_their_gradients(rng)
     np.testing.assert_allclose(p[:, 0], 0.25)
     np.testing.assert_allclose(s, feed["x"] * (np.arange(3)[None, :, None] < [[[3]], [[2]]]))
     _check_w_and_x_grads(loss, feed, [])
+
+
+@pytest.mark.parametrize("hoist", [True, False])
+def test_sequences_with_no_time_steps(hoist):
+    """T = 0 (e.g. a batch trimmed to its longest row, all empty): no step runs, memories keep
+    their initial values, outputs are [batch, 0, ...]; gradients reach the initial values."""
+    x = L.data("x", [-1, -1, 3], "float64")
+    x.stop_gradient = False
+    h0 = L.data("h0", [-1, 2], "float64")
+    h0.stop_gradient = False
+    w = L.create_parameter([3, 2], "float64", name="w")
+    u = L.create_parameter([2, 2], "float64", name="u")
+    rnn = nf.rnn(hoist=hoist)
+    with rnn.step():
+        h = rnn.memory(init=h0)
+        new = L.tanh(L.matmul(rnn.step_input(x), w) + L.matmul(rnn.previous_memory(h), u))
+        rnn.update_memory(h, new)
+        rnn.output(new)
+    out, final = rnn(), rnn.final_memory(h)
+    loss = L.reduce_sum(out) + L.reduce_sum(L.square(final))
+    nf.append_backward(loss)
+    scope, exe = nf.Scope(), nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    h0v = np.arange(4.0).reshape(2, 2)
+    feed = {"x": np.zeros((2, 0, 3)), "h0": h0v}
+    names = [out, final, loss, "h0@GRAD", "w@GRAD", "u@GRAD", "x@GRAD"]
+    got_out, got_final, got_loss, g_h0, g_w, g_u, g_x = exe.run(
+        feed=feed, fetch_list=names, scope=scope
+    )
+    assert got_out.shape == (2, 0, 2) and g_x.shape == (2, 0, 3)
+    np.testing.assert_array_equal(got_final, h0v)
+    assert float(got_loss) == float((h0v**2).sum())
+    np.testing.assert_array_equal(g_h0, 2 * h0v)
+    assert not g_w.any() and not g_u.any() and g_w.shape == (3, 2)
+
+
+def test_no_time_steps_with_an_unknown_output_row_shape_is_a_clear_error():
+    x = L.data("x", [-1, -1, -1], "float64")  # features: any number
+    rnn = nf.rnn()
+    with rnn.step():
+        rnn.output(L.scale(rnn.step_input(x), 2.0))
+    out = rnn()
+    with pytest.raises(nf.errors.ControlFlowError, match="no time steps"):
+        nf.Executor().run(feed={"x": np.zeros((2, 0, 3))}, fetch_list=[out], scope=nf.Scope())
