@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.errors import ControlFlowError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
 from nestflow.ops.ifelse import set_grads, store_step
 from nestflow.ops.registry import GradContext, GradOpSpec, register_op
@@ -36,7 +37,7 @@ class block:
     """Out[i] = the value the sub-block gives its variable `outs[i]` when its ops have run."""
 
     inputs = ("X*",)
-    outputs = ("Out*", "Scope")
+    outputs = ("Out*", "Scope?")
     attrs = {"sub_block": None, "outs": []}
 
     def run(ctx):
@@ -44,7 +45,7 @@ class block:
         frame = ctx.run_block(ctx.attrs["sub_block"], scope, {})
         store_step(frame, scope, {})
         ctx.set_outputs("Out", [_block_value(frame, {}, name) for name in ctx.attrs["outs"]])
-        ctx.set_output("Scope", [scope])
+        ctx.set_output("Scope", [scope])  # (the kid scope goes with the run's scope)
 
     def grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
         outs, inner_outs = op.output("Out"), op.attrs["outs"]
@@ -56,6 +57,11 @@ class block:
         wanted = [n for n, g in zip(x_names, x_grads) if g]
         if not wanted:
             return []
+        if not [n for n in op.output("Scope") if n]:
+            raise ControlFlowError(
+                f"block op writing {outs}: gradients are wanted through it, but it has no "
+                f"'Scope' output to keep its kid scope for block_grad (nf.BlockOp gives it one)"
+            )
         seeds = {inner: inner + GRAD_SUFFIX for inner, g in zip(inner_outs, out_grads) if g}
         grad_block, got = ctx.backward_block(op.attrs["sub_block"], seeds, wanted)
         attrs = {

@@ -147,3 +147,35 @@ def test_misuse_is_a_control_flow_error():
         with pytest.raises(nf.errors.ControlFlowError, match="already built"):
             with blk.block():
                 pass
+
+
+def test_a_block_op_written_by_hand_with_create_block(rng):
+    """The op as a program description holds it: a child block from Program.create_block and a
+    `block` op whose BLOCK attr references it (no Scope output: forward only)."""
+    prog, startup = nf.Program(), nf.Program()
+    with nf.program_guard(prog, startup):
+        x = L.data("x", [-1, 2])
+        sub = prog.create_block()
+        tripled = L.scale(x, 3.0)
+        prog.rollback()
+        out = prog.global_block().create_var("out", [-1, 2], "float32")
+        prog.global_block().append_op(
+            "block",
+            inputs={"X": [x]},
+            outputs={"Out": [out]},
+            attrs={"sub_block": sub, "outs": [tripled.name]},
+        )
+        loss = L.reduce_sum(out)
+    assert sub.parent_idx == 0 and prog.global_block().ops[0].attr("sub_block") is sub
+    xs = rng.normal(size=(3, 2)).astype("float32")
+    got, inner = nf.Executor().run(
+        prog, feed={"x": xs}, fetch_list=[out, tripled], scope=nf.Scope()
+    )
+    np.testing.assert_allclose(got, 3 * xs, rtol=1e-6)
+    np.testing.assert_array_equal(inner, got)
+    x.stop_gradient = False
+    with (
+        nf.program_guard(prog, startup),
+        pytest.raises(nf.errors.ControlFlowError, match="no 'Scope' output"),
+    ):
+        nf.append_backward(loss)
