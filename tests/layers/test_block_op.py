@@ -179,3 +179,28 @@ def test_a_block_op_written_by_hand_with_create_block(rng):
         pytest.raises(nf.errors.ControlFlowError, match="no 'Scope' output"),
     ):
         nf.append_backward(loss)
+
+
+def test_outputs_big_enough_to_be_released_keep_the_values_the_gradient_reads(rng):
+    """Out aliases the value kept in the block's kid scope: ops after the block that could
+    reuse a released buffer in place (relu, scale) must not change what block_grad reads."""
+    x = L.data("x", [-1, 128], "float64")
+    w = L.create_parameter([128, 128], "float64", name="w")
+    blk = nf.BlockOp()
+    with blk.block():
+        blk.output(L.tanh(L.matmul(x, w)))
+    (out,) = blk()
+    after = L.scale(L.relu(L.scale(out, 2.0, bias=-0.1)), 3.0)  # 64 x 128 > 4096 elements
+    loss = L.reduce_sum(L.square(after))
+    nf.append_backward(loss)
+    scope, exe = nf.Scope(), nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    xs = rng.normal(size=(64, 128)) / 8
+    got, g_w = exe.run(feed={"x": xs}, fetch_list=[after, "w@GRAD"], scope=scope)
+    wv = scope.find_var("w").get(nf.Tensor).numpy()
+    hidden = np.tanh(xs @ wv)
+    pre = 2 * hidden - 0.1
+    want = 3 * np.maximum(pre, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    d_hidden = 2 * want * 3 * (pre > 0) * 2
+    np.testing.assert_allclose(g_w, xs.T @ (d_hidden * (1 - hidden**2)), rtol=1e-10)
