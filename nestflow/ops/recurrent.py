@@ -29,7 +29,12 @@ import numpy as np
 from nestflow.errors import ControlFlowError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
 from nestflow.ops.ifelse import GradSum, scope_array, set_grads, store_step
-from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, get_op_def, register_op
+from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
+from nestflow.ops.step_products import (
+    DEFERRED_ATTRS,
+    defer_parameter_products,
+    deferred_products,
+)
 
 
 def _sequences(names: list[str], values: list[Any]) -> tuple[int, int]:
@@ -236,7 +241,7 @@ class recurrent:
         grad_block, got = ctx.backward_block(block, seeds, wanted)
         step_values = set(block.vars) | set(in_names) | set(memories)
         wanted_params = [got.get(n, "") if g else "" for n, g in zip(param_names, param_grads)]
-        deferred = _defer_parameter_products(grad_block, step_values, wanted_params)
+        deferred = defer_parameter_products(grad_block, step_values, wanted_params)
         chained_names = {name for name, _ in chained}
         grad_attrs = {
             "grad_block": grad_block,
@@ -301,11 +306,7 @@ class recurrent_grad:
         "memory_grads": [],
         "input_grads": [],
         "param_grads": [],
-        "deferred_grads": [],
-        "deferred_types": [],
-        "deferred_xs": [],
-        "deferred_douts": [],
-        "deferred_col_dims": [],
+        **DEFERRED_ATTRS,
     }
 
     def run(ctx):
@@ -336,12 +337,10 @@ class recurrent_grad:
             for total, name, value in zip(p_sums, attrs["param_grads"], params)
             if name
         }
-        deferred = []
-        for grad, kind, x, g, dims in zip(
-            *(attrs[key] for key in _DEFERRED_ATTRS), attrs["deferred_col_dims"]
-        ):
-            total, value = by_grad[grad]
-            deferred.append((value, _DeferredProduct(kind, x, g, dims, total)))
+        deferred = [
+            (by_grad[grad][1], product(by_grad[grad][0]))
+            for grad, product in deferred_products(attrs)
+        ]
         deferred_grads = set(attrs["deferred_grads"])
         p_wanted = [item for item in p_wanted if item[1] not in deferred_grads]
         run_block, parent, remembered = ctx.executor.run_sub_block, ctx.frame, {}
@@ -404,94 +403,6 @@ class recurrent_grad:
         set_grads(ctx, "Inputs" + GRAD_SUFFIX, x_grads, sequences)
         set_grads(ctx, "Boots" + GRAD_SUFFIX, boot_grads, boots)
         set_grads(ctx, "Params" + GRAD_SUFFIX, p_grads, params)
-
-
-# Products whose gradient w.r.t. the parameter Y is X^T @ dOut: summed over the steps it is one
-# product of all steps' rows, [steps*batch, k]^T @ [steps*batch, n], instead of one per step.
-_PARAMETER_PRODUCTS = ("matmul_grad", "mul_grad")
-_DEFERRED_ATTRS = ("deferred_grads", "deferred_types", "deferred_xs", "deferred_douts")
-
-
-def _defer_parameter_products(
-    grad_block, step_values: set[str], param_grads: list[str]
-) -> dict[str, list]:
-    """Take the parameter gradient out of the step's gradient ops where one product op alone
-    gives it (its `Y@GRAD` is the parameter's whole step gradient) and X is a value of the
-    step: recurrent_grad then sums those products over all steps in one BLAS call. Returns
-    recurrent_grad's `deferred_*` attrs: per product, the parameter gradient it gave, the
-    product's type, X and dOut, and (mul) Y's y_num_col_dims."""
-    wanted = {name for name in param_grads if name}
-    writers: dict[str, int] = {}
-    for op in grad_block.ops:
-        for name in op.output_names():
-            writers[name] = writers.get(name, 0) + 1
-    readers = {name for op in grad_block.ops for name in op.input_names()}
-    deferred: dict[str, list] = {key: [] for key in _DEFERRED_ATTRS + ("deferred_col_dims",)}
-    for op in grad_block.ops:
-        if op.type not in _PARAMETER_PRODUCTS:
-            continue
-        grad = (op.output("Y" + GRAD_SUFFIX) or [""])[0]
-        x = (op.input("X") or [""])[0]
-        if (
-            grad in wanted
-            and writers[grad] == 1
-            and grad not in readers
-            and x in step_values
-            and _product_is_plain(op)
-        ):
-            op.outputs["Y" + GRAD_SUFFIX] = [""]
-            row = (grad, op.type[: -len("_grad")], x, op.input("Out" + GRAD_SUFFIX)[0])
-            for key, value in zip(_DEFERRED_ATTRS, row):
-                deferred[key].append(value)
-            deferred["deferred_col_dims"].append(int(op.attrs.get("y_num_col_dims", 1)))
-    return deferred
-
-
-def _product_is_plain(op: OpDesc) -> bool:
-    """matmul without transposes or scaling (mul always is: flattened X @ flattened Y)."""
-    attrs = op.attrs
-    if op.type == "mul_grad":
-        return True
-    plain = not attrs.get("transpose_X") and not attrs.get("transpose_Y")
-    return plain and attrs.get("alpha", 1.0) == 1.0
-
-
-class _DeferredProduct:
-    """One deferred parameter product: the steps' X and dOut, multiplied once at the end."""
-
-    __slots__ = ("kind", "total", "x_name", "g_name", "col_dims", "xs", "gs")
-
-    def __init__(self, kind: str, x_name: str, g_name: str, col_dims: int, total: GradSum):
-        self.kind, self.x_name, self.g_name, self.col_dims = kind, x_name, g_name, col_dims
-        self.total = total
-        self.xs: list[Any] = []
-        self.gs: list[Any] = []
-
-    def collect(self, scope, env: list, slot_of: dict[str, int], values: dict[str, Any]) -> None:
-        grad = _step_grad(env, slot_of, values, self.g_name)
-        if grad is None:  # no gradient reached the product this step
-            return
-        self.xs.append(scope_array(scope, self.x_name))
-        self.gs.append(grad)
-
-    def finish(self, y: np.ndarray) -> None:
-        xs, gs, self.xs, self.gs = self.xs, self.gs, [], []
-        if not xs:
-            return
-        if self.kind == "mul":
-            k = int(np.prod(y.shape[: self.col_dims]))
-        elif y.ndim == 2 and all(np.ndim(x) == 2 for x in xs):
-            k = y.shape[0]
-        else:  # batched or vector matmuls: each step's own gradient, summed
-            kernel = get_op_def("matmul").backward
-            for x, g in zip(xs, gs):
-                dy = kernel(x, y, None, g, False, False, 1.0, needs=(False, True))[1]
-                self.total.add(dy)
-            return
-        n = y.size // k
-        rows = np.concatenate([np.reshape(x, (-1, k)) for x in xs])
-        grads = np.concatenate([np.reshape(g, (-1, n)) for g in gs])
-        self.total.add((rows.T @ grads).reshape(y.shape))
 
 
 def _step_grad(env: list, slot_of: dict[str, int], values: dict[str, Any], name: str) -> Any:

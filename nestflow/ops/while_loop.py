@@ -19,6 +19,11 @@ from nestflow.errors import ControlFlowError, MaxStepsExceededError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
 from nestflow.ops.ifelse import GradSum, is_float, scope_array, store_step
 from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
+from nestflow.ops.step_products import (
+    DEFERRED_ATTRS,
+    defer_parameter_products,
+    deferred_products,
+)
 
 
 def _truth(value: Any, name: str) -> bool:
@@ -100,12 +105,19 @@ class while_:
         seeds = {name: name + GRAD_SUFFIX for _, name in chain}
         grad_block, got = ctx.backward_block(body, seeds, wanted)
         seed_of = dict(chain)
+        x_grad_names = [got.get(n, "") for n in x_names]
+        # Gradients summed over the steps (not carried through them): products by them are
+        # multiplied once after the loop. The step's own values and the carried ones (bound
+        # per step) are the X a product may take.
+        summed = [g for n, g in zip(x_names, x_grad_names) if g and n not in chained]
+        deferred = defer_parameter_products(grad_block, set(body.vars) | set(carried), summed)
         grad_attrs = {
             "grad_block": grad_block,
             "carried": carried,
             "carried_inner": inner,
             "seeds": [seeds[seed_of[o]] if o in seed_of else "" for o in carried],
-            "x_grads": [got.get(n, "") for n in x_names],
+            "x_grads": x_grad_names,
+            **deferred,
         }
         inputs = {
             "X": x_names,
@@ -125,7 +137,14 @@ class while_grad:
 
     inputs = ("X*", "Out*", "Out@GRAD*", "StepScopes")
     outputs = ("X@GRAD*",)
-    attrs = {"grad_block": None, "carried": [], "carried_inner": [], "seeds": [], "x_grads": []}
+    attrs = {
+        "grad_block": None,
+        "carried": [],
+        "carried_inner": [],
+        "seeds": [],
+        "x_grads": [],
+        **DEFERRED_ATTRS,
+    }
 
     def run(ctx):
         attrs = ctx.attrs
@@ -135,6 +154,12 @@ class while_grad:
         upstream = dict(zip(carried, ctx.inputs("Out" + GRAD_SUFFIX)))
         flowing = {o: upstream.get(o) for o, s in zip(carried, seeds) if s}
         summed: dict[str, GradSum] = {}
+        name_of = {grad: name for name, grad in zip(x_names, attrs["x_grads"]) if grad}
+        value_of = dict(zip(x_names, x_values))
+        deferred = [
+            (value_of[name_of[grad]], product(summed.setdefault(name_of[grad], GradSum())))
+            for grad, product in deferred_products(attrs)
+        ]
         grad_block = attrs["grad_block"]
         run_block, remembered = ctx.executor.run_sub_block, {}
         for scope in reversed(ctx.input("StepScopes") or []):
@@ -156,6 +181,10 @@ class while_grad:
                     flowing[name] = grad  # None: the old value did not reach the new one
                 elif grad is not None:
                     summed.setdefault(name, GradSum()).add(grad)
+            for _, product in deferred:
+                product.collect(scope, frame.env, frame.plan.slot_of, values)
+        for value, product in deferred:
+            product.finish(value)
         env = ctx.frame.env
         for index, name, value in zip(ctx.out_slots.get("X" + GRAD_SUFFIX, []), x_names, x_values):
             if index < 0:

@@ -221,3 +221,28 @@ def test_gradients_through_a_tensor_array_match_central_differences(rng):
     nf.Executor().run(nf.default_startup_program(), scope=scope)
     _numeric_check(loss, {"x": rng.normal(size=(2, 2))}, ["w"], ["x"], scope)
     assert scope.kids == []
+
+
+def test_a_weights_product_gradient_is_summed_after_the_loop(rng):
+    """x_{t+1} = tanh(x_t @ w): while_grad multiplies all steps' x_t and dOut once for w's
+    gradient (nestflow/ops/step_products.py); values still match central differences."""
+    x = L.data("x", [-1, 3], "float64")
+    x.stop_gradient = False  # the loop writes x: its final value must carry a gradient
+    w = L.create_parameter([3, 3], "float64", name="w", initializer=nf.initializer.Uniform(-1, 1))
+    i, n, cond = _counter(3)
+    loop = nf.While(cond)
+    with loop.block():
+        L.assign(L.tanh(L.matmul(x, w)), output=x)
+        L.increment(i)
+        L.less_than(i, n, out=cond)
+    loss = L.reduce_sum(L.square(x))
+    nf.append_backward(loss)
+    (grad_op,) = [
+        op for op in nf.default_main_program().global_block().ops if op.type == "while_grad"
+    ]
+    by_grad = dict(zip(grad_op.attr("x_grads"), grad_op.input("X")))
+    assert [by_grad[g] for g in grad_op.attr("deferred_grads")] == ["w"]
+    assert grad_op.attr("deferred_types") == ["matmul"]
+    scope = nf.Scope()
+    nf.Executor().run(nf.default_startup_program(), scope=scope)
+    _numeric_check(loss, {"x": rng.normal(size=(4, 3))}, ["w"], [], scope)

@@ -1,0 +1,121 @@
+"""Parameter products summed over the steps of a loop in one BLAS call (recurrent_grad,
+while_grad).
+
+A step's product X @ W by a parameter W (matmul, or the mul of an fc) has the gradient
+dW = X^T @ dOut at each step; summed over the steps that is one product of all steps' rows,
+[steps*rows, k]^T @ [steps*rows, n]. When the step's gradient ops are built, each product whose
+`Y@GRAD` is the parameter's whole step gradient, with X a value of the step, loses that output
+(`defer_parameter_products`); the loop's gradient op collects every step's X (from the kept
+step scope) and dOut, and multiplies them once after the loop (`DeferredProduct`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from nestflow.framework.program import GRAD_SUFFIX, OpDesc
+from nestflow.ops.ifelse import GradSum, scope_array
+from nestflow.ops.registry import get_op_def
+
+_PARAMETER_PRODUCTS = ("matmul_grad", "mul_grad")
+_PER_PRODUCT = ("deferred_grads", "deferred_types", "deferred_xs", "deferred_douts")
+# The loop gradient op's attrs that list the deferred products (defaults: none).
+DEFERRED_ATTRS: dict[str, list] = {key: [] for key in _PER_PRODUCT + ("deferred_col_dims",)}
+
+
+def defer_parameter_products(
+    grad_block, step_values: set[str], param_grads: list[str]
+) -> dict[str, list]:
+    """Take out of `grad_block` the parameter gradients (of `param_grads`) that one product op
+    alone gives, where its X is one of `step_values`. Returns the `deferred_*` attrs: per
+    product, the gradient it gave, the product's type, X, dOut and (mul) y_num_col_dims."""
+    wanted = {name for name in param_grads if name}
+    writers: dict[str, int] = {}
+    for op in grad_block.ops:
+        for name in op.output_names():
+            writers[name] = writers.get(name, 0) + 1
+    readers = {name for op in grad_block.ops for name in op.input_names()}
+    deferred: dict[str, list] = {key: [] for key in DEFERRED_ATTRS}
+    for op in grad_block.ops:
+        if op.type not in _PARAMETER_PRODUCTS:
+            continue
+        grad = (op.output("Y" + GRAD_SUFFIX) or [""])[0]
+        x = (op.input("X") or [""])[0]
+        if (
+            grad in wanted
+            and writers[grad] == 1
+            and grad not in readers
+            and x in step_values
+            and _product_is_plain(op)
+        ):
+            op.outputs["Y" + GRAD_SUFFIX] = [""]
+            row = (grad, op.type[: -len("_grad")], x, op.input("Out" + GRAD_SUFFIX)[0])
+            for key, value in zip(_PER_PRODUCT, row):
+                deferred[key].append(value)
+            deferred["deferred_col_dims"].append(int(op.attrs.get("y_num_col_dims", 1)))
+    return deferred
+
+
+def deferred_products(
+    attrs: Mapping[str, Any],
+) -> Iterator[tuple[str, Callable[[GradSum], DeferredProduct]]]:
+    """(parameter gradient name, a maker of its DeferredProduct given the sum it adds to) per
+    product the `deferred_*` attrs list."""
+    columns = [attrs[key] for key in _PER_PRODUCT] + [attrs["deferred_col_dims"]]
+    for grad, kind, x, g, dims in zip(*columns):
+        yield grad, lambda total, k=kind, x=x, g=g, d=dims: DeferredProduct(k, x, g, d, total)
+
+
+def _product_is_plain(op: OpDesc) -> bool:
+    """matmul without transposes or scaling (mul always is: flattened X @ flattened Y)."""
+    attrs = op.attrs
+    if op.type == "mul_grad":
+        return True
+    plain = not attrs.get("transpose_X") and not attrs.get("transpose_Y")
+    return plain and attrs.get("alpha", 1.0) == 1.0
+
+
+class DeferredProduct:
+    """One deferred parameter product: the steps' X and dOut, multiplied once at the end and
+    added to `total`."""
+
+    __slots__ = ("kind", "total", "x_name", "g_name", "col_dims", "xs", "gs")
+
+    def __init__(self, kind: str, x_name: str, g_name: str, col_dims: int, total: GradSum):
+        self.kind, self.x_name, self.g_name, self.col_dims = kind, x_name, g_name, col_dims
+        self.total = total
+        self.xs: list[Any] = []
+        self.gs: list[Any] = []
+
+    def collect(self, scope, env: list, slot_of: dict[str, int], values: dict[str, Any]) -> None:
+        """Keep step X (from its step scope) and dOut (the step's gradient frame, else bound)."""
+        slot = slot_of.get(self.g_name)
+        grad = env[slot] if slot is not None else None
+        if grad is None:
+            grad = values.get(self.g_name)
+        if grad is None:  # no gradient reached the product this step
+            return
+        self.xs.append(scope_array(scope, self.x_name))
+        self.gs.append(grad)
+
+    def finish(self, y: np.ndarray) -> None:
+        xs, gs, self.xs, self.gs = self.xs, self.gs, [], []
+        if not xs:
+            return
+        if self.kind == "mul":
+            k = int(np.prod(y.shape[: self.col_dims]))
+        elif y.ndim == 2 and all(np.ndim(x) == 2 for x in xs):
+            k = y.shape[0]
+        else:  # batched or vector matmuls: each step's own gradient, summed
+            kernel = get_op_def("matmul").backward
+            for x, g in zip(xs, gs):
+                dy = kernel(x, y, None, g, False, False, 1.0, needs=(False, True))[1]
+                self.total.add(dy)
+            return
+        n = y.size // k
+        rows = np.concatenate([np.reshape(x, (-1, k)) for x in xs])
+        grads = np.concatenate([np.reshape(g, (-1, n)) for g in gs])
+        self.total.add((rows.T @ grads).reshape(y.shape))
