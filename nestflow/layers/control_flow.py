@@ -447,6 +447,13 @@ class While:
             )
         reads = _outer_reads(body)
         inputs = reads + [n for n in outer if n not in reads]
+        for name, inner in carried:
+            # The loop's result is a new value under the old name: when the body computes it
+            # from differentiable values it needs a gradient, whatever the initial value had
+            # (e.g. a fill_constant or data initial state updated through parameters).
+            new, var = body.find_var(inner), self._parent.find_var(name)
+            if new is not None and var is not None and not new.stop_gradient:
+                var.stop_gradient = False
         scopes = self._parent.create_var(
             unique_name.generate(f"{self._name}.scopes"), type="step_scopes", stop_gradient=True
         )

@@ -226,8 +226,7 @@ def test_gradients_through_a_tensor_array_match_central_differences(rng):
 def test_a_weights_product_gradient_is_summed_after_the_loop(rng):
     """x_{t+1} = tanh(x_t @ w): while_grad multiplies all steps' x_t and dOut once for w's
     gradient (nestflow/ops/step_products.py); values still match central differences."""
-    x = L.data("x", [-1, 3], "float64")
-    x.stop_gradient = False  # the loop writes x: its final value must carry a gradient
+    x = L.data("x", [-1, 3], "float64")  # stop_gradient, as data is: its new values are not
     w = L.create_parameter([3, 3], "float64", name="w", initializer=nf.initializer.Uniform(-1, 1))
     i, n, cond = _counter(3)
     loop = nf.While(cond)
@@ -246,3 +245,23 @@ def test_a_weights_product_gradient_is_summed_after_the_loop(rng):
     scope = nf.Scope()
     nf.Executor().run(nf.default_startup_program(), scope=scope)
     _numeric_check(loss, {"x": rng.normal(size=(4, 3))}, ["w"], [], scope)
+
+
+def test_a_constant_initial_state_updated_through_parameters_gets_gradients(rng):
+    """h starts as fill_constant (no gradient of its own); the body makes it from a parameter,
+    so the loop's result needs one: the parameter's gradient matches central differences."""
+    x = L.data("x", [-1, 2], "float64")
+    h = L.fill_constant([3, 2], "float64", 0.0)
+    u = L.create_parameter([2, 2], "float64", name="u", initializer=nf.initializer.Uniform(-1, 1))
+    i, n, cond = _counter(2)
+    loop = nf.While(cond)
+    with loop.block():
+        L.assign(L.tanh(L.matmul(h, u) + x), output=h)
+        L.increment(i)
+        L.less_than(i, n, out=cond)
+    loss = L.reduce_sum(L.square(h))
+    params_grads = nf.append_backward(loss)
+    assert [p.name for p, _ in params_grads] == ["u"]
+    scope = nf.Scope()
+    nf.Executor().run(nf.default_startup_program(), scope=scope)
+    _numeric_check(loss, {"x": rng.normal(size=(3, 2))}, ["u"], [], scope)
