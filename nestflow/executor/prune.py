@@ -4,7 +4,9 @@ An op is kept when it writes a variable that is needed; its inputs then become n
 goes backwards over each block, so in-place writers (an optimizer's ParamOut is the parameter
 itself) pull in everything that computed their inputs. An op owning sub-blocks counts what its
 sub-blocks read from outer blocks as its inputs and what they write to outer blocks as its
-outputs; its sub-blocks are pruned in turn to what they export.
+outputs; its sub-blocks are pruned in turn to what they export. A control-flow op first loses
+the outputs nothing needs (with what makes them in its sub-blocks), so a branch or step computes
+only what is used.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from nestflow.errors import NestflowError
 from nestflow.framework.program import Block, OpDesc, Program, VarDesc
+from nestflow.ops.registry import get_op_def, has_op
 
 
 def prune(program: Program, targets: Sequence[VarDesc | str] | VarDesc | str) -> Program:
@@ -78,6 +81,11 @@ def _prune_block(
         reads, writes = _op_reads_writes(op)
         if not (writes & needed):
             continue
+        if _drop_unneeded_outputs(op, needed):
+            fresh = _block_exports(block.program)  # its sub-blocks now export less
+            for sub in op.sub_blocks():
+                exports[sub.idx] = fresh[sub.idx]
+            reads, writes = _op_reads_writes(op)
         keep.append(op)
         # Ops that read what they write (in-place updates) still need the earlier writer.
         needed -= writes - reads
@@ -87,6 +95,25 @@ def _prune_block(
                 _prune_block(sub, set(exports[sub.idx]), exports, kept_blocks)
     keep.reverse()
     block.ops[:] = keep
+
+
+def _drop_unneeded_outputs(op: OpDesc, needed: set[str]) -> bool:
+    """Remove the outputs of a control-flow op that nothing needs, with their entries in the
+    attrs that list what each output is made from (OpDef.output_attrs); True if any went."""
+    if not has_op(op.type):
+        return False
+    changed = False
+    for slot, attr_names in get_op_def(op.type).output_attrs.items():
+        names = op.outputs.get(slot, [])
+        kept = [i for i, name in enumerate(names) if name in needed]
+        if len(kept) == len(names):
+            continue
+        op.outputs[slot] = [names[i] for i in kept]
+        for attr in attr_names:
+            values = op.attrs[attr]
+            op.attrs[attr] = [values[i] for i in kept]
+        changed = True
+    return changed
 
 
 def _op_reads_writes(op: OpDesc) -> tuple[set[str], set[str]]:

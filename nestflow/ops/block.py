@@ -39,6 +39,7 @@ class block:
     inputs = ("X*",)
     outputs = ("Out*", "Scope?")
     attrs = {"sub_block": None, "outs": []}
+    output_attrs = {"Out": ("outs",)}
 
     def run(ctx):
         scope = ctx.scope.new_scope()

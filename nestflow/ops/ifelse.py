@@ -103,6 +103,7 @@ class ifelse:
     inputs = ("Cond", "X*", "Params*")
     outputs = ("Out*", "Scopes")
     attrs = {"true_block": None, "false_block": None, "true_outs": [], "false_outs": []}
+    output_attrs = {"Out": ("true_outs", "false_outs")}
     no_grad_inputs = ("Cond",)
 
     def run(ctx):

@@ -147,6 +147,7 @@ class recurrent:
     inputs = ("Inputs*", "Boots*", "Params*", "Lengths?")
     outputs = ("Outputs*", "FinalMemories*", "StepScopes")
     attrs = {"sub_block": None, "memories": [], "updates": [], "step_outputs": []}
+    output_attrs = {"Outputs": ("step_outputs",)}
     no_grad_inputs = ("Lengths",)
 
     def run(ctx):

@@ -123,6 +123,10 @@ class OpDef:
     forward_type: str | None = None  # set on generated gradient ops
     backward_wants_needs: bool = False
     inplace: dict[str, str] = field(default_factory=dict)  # output slot -> input slot
+    # output slot -> attrs listing, index by index, what each of its outputs is made from
+    # (a control-flow op's names inside its sub-block): prune drops an unneeded output and
+    # its entries together, and then prunes the sub-block to what is left
+    output_attrs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     doc: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -219,6 +223,7 @@ def register_op(cls: type) -> type:
         grad_maker=_plain(cls, "grad_maker"),
         no_grad_inputs=frozenset(cls.__dict__.get("no_grad_inputs", ())),
         inplace=dict(cls.__dict__.get("inplace", {})),
+        output_attrs=dict(cls.__dict__.get("output_attrs", {})),
         doc=inspect.cleandoc(cls.__doc__ or ""),
     )
     if op_def.forward is None and op_def.run is None:

@@ -155,7 +155,7 @@ def test_prune_keeps_op_with_sub_block_and_what_the_sub_block_reads():
     assert op_types(smaller) == ["scale"] and smaller.block(sub.idx).ops == []
 
 
-def test_prune_through_ifelse_keeps_both_branches_and_their_outer_reads():
+def test_prune_through_ifelse_keeps_both_branches_and_only_the_needed_output():
     x = nf.minibatch([10, 20, 30])
     y = nf.var(1)
     z = nf.minibatch([10, 20, 30])
@@ -179,8 +179,13 @@ def test_prune_through_ifelse_keeps_both_branches_and_their_outer_reads():
         "greater_than",
         "ifelse",
     ]
-    assert op_types(small, 1) == ["elementwise_add", "softmax"]
-    assert op_types(small, 2) == ["mul", "elementwise_add", "scale"]
+    # The second output (softmax / d + 1) is needed by nobody: dropped with what makes it.
+    (ifelse,) = [op for op in small.global_block().ops if op.type == "ifelse"]
+    assert ifelse.output("Out") == [o1.name]
+    assert len(ifelse.attr("true_outs")) == len(ifelse.attr("false_outs")) == 1
+    assert op_types(small, 1) == ["elementwise_add"]
+    assert op_types(small, 2) == ["mul", "elementwise_add"]
+    assert op_types(main, 1) == ["elementwise_add", "softmax"]  # the original is unchanged
     scope = nf.Scope()
     exe = nf.Executor()
     exe.run(nf.default_startup_program(), scope=scope)
@@ -214,3 +219,34 @@ def test_eval_prunes_once_per_program_and_targets(monkeypatch):
         nf.layers.relu(pred)
     exe.eval(main, [pred], feed=feed, scope=scope)
     assert calls == [[pred.name], [loss.name], [pred.name]]
+
+
+def test_prune_drops_unneeded_rnn_and_block_op_outputs_with_their_step_ops(rng):
+    x = nf.data("x", [-1, 4, 3], "float64")
+    rnn = nf.rnn(hoist=False)
+    with rnn.step():
+        xt = rnn.step_input(x)
+        h = rnn.memory(shape=[2], batch_ref=x, dtype="float64")
+        new = nf.layers.tanh(nf.layers.fc(xt, 2, name="in") + rnn.previous_memory(h))
+        rnn.update_memory(h, new)
+        rnn.output(new, nf.layers.sigmoid(xt))  # the second output: needed by nobody
+    kept, _ = rnn()
+    blk = nf.BlockOp()
+    with blk.block():
+        blk.output(nf.layers.scale(kept, 2.0), nf.layers.sigmoid(kept))
+    doubled, _ = blk()
+    main = nf.default_main_program()
+    small = nf.prune(main, [doubled])
+    recurrent = next(op for op in small.global_block().ops if op.type == "recurrent")
+    block_op = next(op for op in small.global_block().ops if op.type == "block")
+    assert recurrent.output("Outputs") == [kept.name] and len(recurrent.attr("step_outputs")) == 1
+    assert "sigmoid" in op_types(main, recurrent.attr("sub_block").idx)
+    assert "sigmoid" not in op_types(small, recurrent.attr("sub_block").idx)
+    assert block_op.output("Out") == [doubled.name]
+    assert op_types(small, block_op.attr("sub_block").idx) == ["scale"]
+    scope, exe = nf.Scope(), nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    feed = {"x": rng.normal(size=(2, 4, 3))}
+    (want,) = exe.run(main, feed=feed, fetch_list=[doubled], scope=scope)
+    (got,) = exe.run(small, feed=feed, fetch_list=[doubled], scope=scope)
+    np.testing.assert_array_equal(got, want)
