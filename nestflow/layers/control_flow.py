@@ -331,6 +331,10 @@ class BlockOp:
                 f"new variable in the block and pass it to output() instead"
             )
         inner = self._outputs or []
+        # An output made outside the block is read by the op too (as IfElse does): the
+        # executor keeps it for the op, and its gradient flows back through X.
+        reads = _outer_reads(self._block)
+        reads += [v.name for v in inner if v.name not in self._block.vars and v.name not in reads]
         outs = [
             self._parent.create_var(unique_name.generate(f"{self._name}.out"), v.shape, v.dtype)
             for v in inner
@@ -340,7 +344,7 @@ class BlockOp:
         )
         self._parent.append_op(
             "block",
-            inputs={"X": _outer_reads(self._block)},
+            inputs={"X": reads},
             outputs={"Out": outs, "Scope": [scope]},
             attrs={"sub_block": self._block, "outs": [v.name for v in inner]},
         )

@@ -204,3 +204,29 @@ def test_outputs_big_enough_to_be_released_keep_the_values_the_gradient_reads(rn
     np.testing.assert_allclose(got, want, rtol=1e-12)
     d_hidden = 2 * want * 3 * (pre > 0) * 2
     np.testing.assert_allclose(g_w, xs.T @ (d_hidden * (1 - hidden**2)), rtol=1e-10)
+
+
+def test_an_output_made_outside_the_block_passes_through_with_its_gradient(rng):
+    """blk.output(h) of an outer h (as ie.output may): the op reads h, so the executor keeps
+    it for the block (with a dynamic batch it was released first: None came out) and its
+    gradient flows back through the op (w@GRAD was never computed)."""
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup), nf.unique_name.guard():
+        x = L.data("x", [-1, 2], "float64")
+        w = L.create_parameter([2, 2], "float64", name="w")
+        h = L.matmul(x, w)
+        blk = nf.BlockOp()
+        with blk.block():
+            blk.output(h, L.scale(x, 2.0))
+        outer, inner = blk()
+        loss = L.reduce_sum(L.square(outer)) + L.reduce_sum(inner)
+        nf.append_backward(loss)
+    scope, exe = nf.Scope(), nf.Executor()
+    exe.run(startup, scope=scope)
+    feed = {"x": rng.normal(size=(3, 2))}
+    got, inner_got, w_grad = exe.run(main, feed=feed, fetch_list=[outer, inner, "w@GRAD"], scope=scope)
+    w_value = scope.find_var("w").get(nf.Tensor).numpy()
+    np.testing.assert_allclose(got, feed["x"] @ w_value, rtol=1e-12)
+    np.testing.assert_allclose(inner_got, 2 * feed["x"], rtol=1e-12)
+    want = numeric_gradient(exe, main, scope, feed, loss, "w")
+    np.testing.assert_allclose(w_grad, want, rtol=1e-6, atol=1e-8)
