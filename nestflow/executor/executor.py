@@ -7,7 +7,6 @@ and dropped when it completes ("destroy when minibatch completes").
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -66,22 +65,20 @@ class _ProgramPlan:
 
 
 class Executor:
-    """Runs programs on a Place. Plans are prepared once per program version and reused."""
+    """Runs programs on a Place. Plans are prepared once per program version and reused (by
+    every executor: a plan depends on the program alone)."""
 
     def __init__(self, place: Place | None = None, check_nan_inf: bool = False):
         self.place = place if place is not None else CPUPlace()
         self.check_nan_inf = check_nan_inf
-        self._plans: weakref.WeakKeyDictionary[Program, _ProgramPlan] = weakref.WeakKeyDictionary()
-        self._last: tuple[weakref.ref, _ProgramPlan] | None = None
 
-    def _plan(self, program: Program) -> _ProgramPlan:
-        last = self._last
-        if last is not None and last[0]() is program and last[1].version == program.version:
-            return last[1]  # a training loop runs one program over and over
-        plan = self._plans.get(program)
+    @staticmethod
+    def _plan(program: Program) -> _ProgramPlan:
+        # The plan lives on the program (it depends on nothing else), so it goes when the
+        # program goes; a cache keyed by the program would keep it alive through the plan.
+        plan = program.__dict__.get("_prepared_plan")
         if plan is None or plan.version != program.version:
-            plan = self._plans[program] = _ProgramPlan(program)
-        self._last = (weakref.ref(program), plan)
+            plan = program.__dict__["_prepared_plan"] = _ProgramPlan(program)
         return plan
 
     def run(

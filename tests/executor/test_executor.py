@@ -305,3 +305,18 @@ def test_a_feed_is_checked_again_when_its_shape_or_dtype_changes():
         exe.run(feed={"x": np.ones((2, 3), "int64")}, fetch_list=[out], scope=scope)
     (got,) = exe.run(feed={"x": np.ones((2, 3), "float64")}, fetch_list=[out], scope=scope)
     assert got.dtype == np.float32  # same-kind values are cast to the declared dtype
+
+
+def test_an_executor_does_not_keep_the_programs_it_ran_alive():
+    import weakref
+
+    exe = nf.Executor()
+    program = nf.Program()
+    with nf.program_guard(program, nf.Program()):
+        out = nf.layers.scale(nf.data("x", [2]), 2.0)
+    (got,) = exe.run(program, feed={"x": np.ones(2, "float32")}, fetch_list=[out])
+    np.testing.assert_array_equal(got, [2.0, 2.0])
+    gone = weakref.ref(program)
+    del program, out
+    gc.collect()
+    assert gone() is None
