@@ -10,11 +10,11 @@ is positive. The model is a tanh RNN built with `nf.rnn()` from two fc layers in
 
 trained with softmax cross entropy and Adam, its learning rate decayed per epoch on a cosine
 from LEARNING_RATE towards 0 (set_learning_rate: the rate is a variable in the scope, so the
-program is not rebuilt; without the decay the last epochs oscillate). Rows shorter than the batch's longest keep their
-memory past their length (per-row lengths), so the padding never reaches the classifier.
-With the defaults (seeds 0-3 tried) it reaches 97.9-98.3% held-out accuracy in about 3-6
-seconds on 2 cores; the run fails (exit 1) below 95%. The trained
-model is saved with nf.io.save_inference_model, loaded back and checked to predict the same.
+program is not rebuilt; without the decay the last epochs oscillate). Rows shorter than the
+batch's longest keep their memory past their length (per-row lengths), so the padding never
+reaches the classifier. With the defaults (seeds 0-3 tried) it reaches 97.9-98.3% held-out
+accuracy in about 5 seconds on 2 cores; the run fails (exit 1) below 95%. The trained model is
+saved with nf.io.save_inference_model, loaded back and checked to predict the same.
 """
 
 from __future__ import annotations

@@ -56,7 +56,6 @@ class _ProgramPlan:
             if (desc := block.find_var(name)) is not None and desc.persistable
         ]
         self.sub_plans: dict[int, BlockPlan] = {}
-        self.keep_sets: dict[tuple[str, ...], frozenset[str]] = {}
         # feed name -> (slot, dtype, shape) of the last array check_feed passed for it
         self.accepted_feeds: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
         self.needs_local_scope = any(op.sub_blocks() for op in plan.ops) or any(
@@ -125,11 +124,7 @@ class Executor:
                     if value is None:
                         raise FeedError(_missing_feed_message(plan, name))
                     env[plan.slot_of[name]] = value
-            keep = prepared.keep_sets.get(tuple(fetch_names))
-            if keep is None:
-                if len(prepared.keep_sets) > 64:  # fetch lists vary without end: start over
-                    prepared.keep_sets.clear()
-                keep = prepared.keep_sets[tuple(fetch_names)] = frozenset(fetch_names)
+            keep = frozenset(fetch_names)
             if program.random_seed:
                 with program_generator(program):
                     frame.run(keep=keep)
@@ -359,23 +354,15 @@ def checked_feed(block: Block, name: str | VarDesc, value: Any) -> tuple[str, np
         raise FeedError(f"{err.message}; it is read by {reader}") from None
 
 
-_DTYPES: dict[str, np.dtype] = {}
-
-
 def check_feed(desc: VarDesc, value: Any) -> np.ndarray:
     """The fed value as an array of the variable's dtype; FeedError on a shape or dtype clash."""
-    want = _DTYPES.get(desc.dtype)
-    if want is None:
-        want = _DTYPES[desc.dtype] = np.dtype(desc.dtype)
-    if type(value) is np.ndarray and value.dtype == want:
-        array = value  # the common feed: nothing to convert
-    else:
-        if isinstance(value, Tensor):
-            value = value.data()
-        try:
-            array = np.asarray(value)
-        except (ValueError, TypeError) as err:
-            raise FeedError(f"feed '{desc.name}' is not an array: {err}") from None
+    if isinstance(value, Tensor):
+        value = value.data()
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as err:
+        raise FeedError(f"feed '{desc.name}' is not an array: {err}") from None
+    want = np.dtype(desc.dtype)
     if array.dtype != want:
         same_kind = (array.dtype.kind in "fc") == (want.kind in "fc") and not (
             want.kind == "b" and array.dtype.kind != "b"

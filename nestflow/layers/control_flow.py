@@ -32,7 +32,7 @@ from nestflow.core.dtype import dtype_name
 from nestflow.errors import ControlFlowError
 from nestflow.framework import unique_name
 from nestflow.framework.program import Block, VarDesc, default_main_program
-from nestflow.layers.helper import append_op, current_block
+from nestflow.layers.helper import append_op, current_block, require_current_block
 
 
 def _outer_reads(block: Block) -> list[str]:
@@ -121,11 +121,7 @@ class IfElse:
             raise ControlFlowError(f"IfElse '{self._name}': {label}() inside another branch")
         if self._blocks[which] is not None:
             raise ControlFlowError(f"IfElse '{self._name}': {label}() was already built")
-        if current_block() is not self._parent:
-            raise ControlFlowError(
-                f"IfElse '{self._name}': {label}() must be used in the block the IfElse was "
-                f"made in (block {self._parent.idx}), not block {current_block().idx}"
-            )
+        require_current_block(self._parent, "IfElse", f"IfElse '{self._name}': {label}()")
         with self._program.block_guard(self._parent.idx) as block:
             self._blocks[which] = block
             self._active = which
@@ -293,11 +289,7 @@ class BlockOp:
         """`with blk.block():` builds the child block (once, in the block blk was made in)."""
         if self._done or self._block is not None:
             raise ControlFlowError(f"BlockOp '{self._name}': block() was already built")
-        if current_block() is not self._parent:
-            raise ControlFlowError(
-                f"BlockOp '{self._name}': block() must be used in the block the BlockOp was "
-                f"made in (block {self._parent.idx}), not block {current_block().idx}"
-            )
+        require_current_block(self._parent, "BlockOp", f"BlockOp '{self._name}': block()")
         with self._program.block_guard(self._parent.idx) as block:
             self._block, self._building = block, True
             try:
@@ -430,11 +422,7 @@ class While:
         """Build the loop body; the while op is appended when the `with` exits."""
         if self._built:
             raise ControlFlowError(f"While '{self._name}': block() was already built")
-        if current_block() is not self._parent:
-            raise ControlFlowError(
-                f"While '{self._name}': block() must be used in the block the While was made "
-                f"in (block {self._parent.idx}), not block {current_block().idx}"
-            )
+        require_current_block(self._parent, "While", f"While '{self._name}': block()")
         self._built = True
         with self._program.block_guard(self._parent.idx) as body:
             yield body

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from nestflow.core.dtype import dtype_name
-from nestflow.errors import AttrError, DTypeError, ShapeError
+from nestflow.errors import AttrError, ControlFlowError, DTypeError, ShapeError
 from nestflow.framework import unique_name
 from nestflow.framework.program import (
     Block,
@@ -54,6 +54,16 @@ def as_int(value: Any, what: str) -> int:
 
 def current_block() -> Block:
     return default_main_program().current_block()
+
+
+def require_current_block(parent: Block, kind: str, what: str) -> None:
+    """ControlFlowError unless `parent` (the block a control-flow builder of `kind` was made in)
+    is the current block: `what` (e.g. "IfElse 'ie_0': true_block()") may only be used there."""
+    if current_block() is not parent:
+        raise ControlFlowError(
+            f"{what} must be used in the block the {kind} was made in (block {parent.idx}), "
+            f"not block {current_block().idx}"
+        )
 
 
 def append_op(

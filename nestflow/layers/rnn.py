@@ -51,7 +51,7 @@ import numpy as np
 from nestflow.errors import ControlFlowError, NestflowError
 from nestflow.framework import unique_name
 from nestflow.framework.program import Block, OpDesc, VarDesc, default_main_program
-from nestflow.layers.helper import current_block
+from nestflow.layers.helper import current_block, require_current_block
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -223,11 +223,7 @@ class RNN:
         """`with rnn.step():` builds the step block; the recurrent op is appended at its end."""
         if self._built or self._building:
             raise ControlFlowError(f"RNN '{self._name}': step() was already built")
-        if current_block() is not self._parent:
-            raise ControlFlowError(
-                f"RNN '{self._name}': step() must be used in the block the RNN was made in "
-                f"(block {self._parent.idx}), not block {current_block().idx}"
-            )
+        require_current_block(self._parent, "RNN", f"RNN '{self._name}': step()")
         self._building = True
         self._source = _caller_line()
         with self._program.block_guard(self._parent.idx) as block:

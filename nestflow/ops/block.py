@@ -17,19 +17,8 @@ import numpy as np
 
 from nestflow.errors import ControlFlowError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
-from nestflow.ops.ifelse import set_grads, store_step
+from nestflow.ops.ifelse import grad_value, set_grads, store_step
 from nestflow.ops.registry import GradContext, GradOpSpec, register_op
-
-
-def _block_value(frame, values: dict[str, Any], name: str, outer: bool = True) -> Any:
-    """A value the block's frame made, else one bound to it, else (`outer`) one it reaches up
-    its frame and scope chain."""
-    if not name:
-        return None
-    value = frame.value(name)
-    if value is None:
-        value = values.get(name)
-    return frame.lookup(name) if value is None and outer else value
 
 
 @register_op
@@ -45,7 +34,8 @@ class block:
         scope = ctx.scope.new_scope()
         frame = ctx.run_block(ctx.attrs["sub_block"], scope, {})
         store_step(frame, scope, {})
-        ctx.set_outputs("Out", [_block_value(frame, {}, name) for name in ctx.attrs["outs"]])
+        # An output is made in the block, or reached from it (frame, then scope chain).
+        ctx.set_outputs("Out", [frame.lookup(name) for name in ctx.attrs["outs"]])
         ctx.set_output("Scope", [scope])  # (the kid scope goes with the run's scope)
 
     def grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
@@ -100,5 +90,5 @@ class block_grad:
             part = np.zeros_like(out) if grad is None else grad
             values[seed] = values[seed] + part if seed in values else part
         frame = ctx.run_block(attrs["grad_block"], scope, values)
-        grads = [_block_value(frame, values, name, outer=False) for name in attrs["x_grads"]]
+        grads = [grad_value(frame, values, name) for name in attrs["x_grads"]]
         set_grads(ctx, "X" + GRAD_SUFFIX, grads, ctx.inputs("X"))

@@ -256,21 +256,23 @@ class ifelse_grad:
                 values[seed] = values[seed] + part if seed in values else part
             frame = ctx.run_block(grad_block, scope, values)
             for i, name in enumerate(attrs[f"{side}_x_grads"]):
-                grad = _grad_value(frame, values, name)
+                grad = grad_value(frame, values, name)
                 if grad is None:
                     continue
                 if x_grads[i] is None:
                     x_grads[i] = np.zeros(batch[i].shape, dtype=grad.dtype)
                 x_grads[i][rows] += grad
             for i, name in enumerate(attrs[f"{side}_param_grads"]):
-                grad = _grad_value(frame, values, name)
+                grad = grad_value(frame, values, name)
                 if grad is not None:
                     p_grads[i] = grad if p_grads[i] is None else p_grads[i] + grad
         set_grads(ctx, "X" + GRAD_SUFFIX, x_grads, batch)
         set_grads(ctx, "Params" + GRAD_SUFFIX, p_grads, params)
 
 
-def _grad_value(frame, values: dict[str, Any], name: str) -> Any:
+def grad_value(frame, values: dict[str, Any], name: str) -> Any:
+    """A gradient a sub-block's gradient ops computed (its frame), else the seed bound to it;
+    None for no name. Shared by the control-flow gradient ops."""
     if not name:
         return None
     value = frame.value(name)

@@ -167,14 +167,15 @@ class scale:
             return functools.partial(np.multiply, float(scale))
         scale, bias = float(scale), float(bias)
 
-        def scaled(X):
-            if bias_after_scale:
-                out = np.multiply(X, scale)
-                return np.add(out, bias, out=out)
+        def scaled_then_shifted(X):
+            out = np.multiply(X, scale)
+            return np.add(out, bias, out=out)
+
+        def shifted_then_scaled(X):
             out = np.add(X, bias)
             return np.multiply(out, scale, out=out)
 
-        return scaled
+        return scaled_then_shifted if bias_after_scale else shifted_then_scaled
 
     def forward(X, scale, bias, bias_after_scale):
         out = X * scale + bias if bias_after_scale else (X + bias) * scale

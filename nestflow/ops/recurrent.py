@@ -28,7 +28,7 @@ import numpy as np
 
 from nestflow.errors import ControlFlowError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
-from nestflow.ops.ifelse import GradSum, scope_array, set_grads, store_step
+from nestflow.ops.ifelse import GradSum, grad_value, scope_array, set_grads, store_step
 from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
 from nestflow.ops.step_products import (
     DEFERRED_ATTRS,
@@ -333,17 +333,8 @@ class recurrent_grad:
         x_wanted = [(i, name) for i, name in enumerate(attrs["input_grads"]) if name]
         p_sums = [GradSum() for _ in attrs["param_grads"]]
         p_wanted = [(total, name) for total, name in zip(p_sums, attrs["param_grads"]) if name]
-        by_grad = {
-            name: (total, value)
-            for total, name, value in zip(p_sums, attrs["param_grads"], params)
-            if name
-        }
-        deferred = [
-            (by_grad[grad][1], product(by_grad[grad][0]))
-            for grad, product in deferred_products(attrs)
-        ]
-        deferred_grads = set(attrs["deferred_grads"])
-        p_wanted = [item for item in p_wanted if item[1] not in deferred_grads]
+        deferred = deferred_products(attrs)
+        p_wanted = [item for item in p_wanted if item[1] not in deferred]
         run_block, parent, remembered = ctx.executor.run_sub_block, ctx.frame, {}
         for t in reversed(range(len(scopes))):
             scope = scopes[t]
@@ -370,16 +361,15 @@ class recurrent_grad:
                     grad = np.where(rows, grad, np.zeros((), grad.dtype))
                 values[seed] = values[seed] + grad if seed in values else grad
             frame = run_block(grad_block, scope, values, parent, remembered)
-            env, slot_of = frame.env, frame.plan.slot_of
             for name, _, grad_name in seeded_memories:
-                grad = _step_grad(env, slot_of, values, grad_name)
+                grad = grad_value(frame, values, grad_name)
                 if grad is None:
                     grad = np.zeros_like(scope_array(scope, name))
                 if name in passed:
                     grad = grad + passed[name]
                 flowing[name] = grad
             for i, grad_name in x_wanted:
-                grad = _step_grad(env, slot_of, values, grad_name)
+                grad = grad_value(frame, values, grad_name)
                 if grad is None:
                     continue
                 if x_grads[i] is None:
@@ -387,13 +377,14 @@ class recurrent_grad:
                 # Each step's slice is written once (steps never repeat): a copy, not an add.
                 x_grads[i][:, t] = grad
             for total, grad_name in p_wanted:
-                grad = _step_grad(env, slot_of, values, grad_name)
+                grad = grad_value(frame, values, grad_name)
                 if grad is not None:
                     total.add(grad)
-            for _, product in deferred:
-                product.collect(scope, env, slot_of, values)
-        for value, product in deferred:
-            product.finish(value)
+            for product in deferred.values():
+                product.collect(scope, frame, values)
+        for total, name, value in zip(p_sums, attrs["param_grads"], params):
+            if name in deferred and (grad := deferred[name].finish(value)) is not None:
+                total.add(grad)
         p_grads = [total.value for total in p_sums]
         boot_grads = []
         for name, boot in zip(memories, boots):
@@ -404,15 +395,6 @@ class recurrent_grad:
         set_grads(ctx, "Inputs" + GRAD_SUFFIX, x_grads, sequences)
         set_grads(ctx, "Boots" + GRAD_SUFFIX, boot_grads, boots)
         set_grads(ctx, "Params" + GRAD_SUFFIX, p_grads, params)
-
-
-def _step_grad(env: list, slot_of: dict[str, int], values: dict[str, Any], name: str) -> Any:
-    """A gradient the step's gradient block computed (its frame's env), else the one bound."""
-    if not name:
-        return None
-    slot = slot_of.get(name)
-    value = None if slot is None else env[slot]
-    return values.get(name) if value is None else value
 
 
 @register_op

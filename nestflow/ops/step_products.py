@@ -11,13 +11,13 @@ step scope) and dOut, and multiplies them once after the loop (`DeferredProduct`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
-from nestflow.ops.ifelse import GradSum, scope_array
+from nestflow.ops.ifelse import grad_value, scope_array
 from nestflow.ops.registry import get_op_def
 
 _PARAMETER_PRODUCTS = ("matmul_grad", "mul_grad")
@@ -59,14 +59,11 @@ def defer_parameter_products(
     return deferred
 
 
-def deferred_products(
-    attrs: Mapping[str, Any],
-) -> Iterator[tuple[str, Callable[[GradSum], DeferredProduct]]]:
-    """(parameter gradient name, a maker of its DeferredProduct given the sum it adds to) per
-    product the `deferred_*` attrs list."""
+def deferred_products(attrs: Mapping[str, Any]) -> dict[str, DeferredProduct]:
+    """A DeferredProduct per product the `deferred_*` attrs list, by the parameter gradient
+    it gives."""
     columns = [attrs[key] for key in _PER_PRODUCT] + [attrs["deferred_col_dims"]]
-    for grad, kind, x, g, dims in zip(*columns):
-        yield grad, lambda total, k=kind, x=x, g=g, d=dims: DeferredProduct(k, x, g, d, total)
+    return {grad: DeferredProduct(*rest) for grad, *rest in zip(*columns)}
 
 
 def _product_is_plain(op: OpDesc) -> bool:
@@ -79,43 +76,40 @@ def _product_is_plain(op: OpDesc) -> bool:
 
 
 class DeferredProduct:
-    """One deferred parameter product: the steps' X and dOut, multiplied once at the end and
-    added to `total`."""
+    """One deferred parameter product: the steps' X and dOut, multiplied once at the end."""
 
-    __slots__ = ("kind", "total", "x_name", "g_name", "col_dims", "xs", "gs")
+    __slots__ = ("kind", "x_name", "g_name", "col_dims", "xs", "gs")
 
-    def __init__(self, kind: str, x_name: str, g_name: str, col_dims: int, total: GradSum):
+    def __init__(self, kind: str, x_name: str, g_name: str, col_dims: int):
         self.kind, self.x_name, self.g_name, self.col_dims = kind, x_name, g_name, col_dims
-        self.total = total
         self.xs: list[Any] = []
         self.gs: list[Any] = []
 
-    def collect(self, scope, env: list, slot_of: dict[str, int], values: dict[str, Any]) -> None:
+    def collect(self, scope, frame, values: dict[str, Any]) -> None:
         """Keep step X (from its step scope) and dOut (the step's gradient frame, else bound)."""
-        slot = slot_of.get(self.g_name)
-        grad = env[slot] if slot is not None else None
-        if grad is None:
-            grad = values.get(self.g_name)
+        grad = grad_value(frame, values, self.g_name)
         if grad is None:  # no gradient reached the product this step
             return
         self.xs.append(scope_array(scope, self.x_name))
         self.gs.append(grad)
 
-    def finish(self, y: np.ndarray) -> None:
-        xs, gs, self.xs, self.gs = self.xs, self.gs, [], []
+    def finish(self, y: np.ndarray) -> np.ndarray | None:
+        """dY summed over the collected steps (None if no gradient reached the product)."""
+        xs, gs = self.xs, self.gs
         if not xs:
-            return
+            return None
         if self.kind == "mul":
             k = int(np.prod(y.shape[: self.col_dims]))
         elif y.ndim == 2 and all(np.ndim(x) == 2 for x in xs):
             k = y.shape[0]
         else:  # batched or vector matmuls: each step's own gradient, summed
             kernel = get_op_def("matmul").backward
-            for x, g in zip(xs, gs):
-                dy = kernel(x, y, None, g, False, False, 1.0, needs=(False, True))[1]
-                self.total.add(dy)
-            return
+            dys = [
+                kernel(x, y, None, g, False, False, 1.0, needs=(False, True))[1]
+                for x, g in zip(xs, gs)
+            ]
+            return sum(dys[1:], dys[0])
         n = y.size // k
         rows = np.concatenate([np.reshape(x, (-1, k)) for x in xs])
         grads = np.concatenate([np.reshape(g, (-1, n)) for g in gs])
-        self.total.add((rows.T @ grads).reshape(y.shape))
+        return (rows.T @ grads).reshape(y.shape)

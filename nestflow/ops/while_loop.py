@@ -17,7 +17,7 @@ import numpy as np
 
 from nestflow.errors import ControlFlowError, MaxStepsExceededError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
-from nestflow.ops.ifelse import GradSum, is_float, scope_array, store_step
+from nestflow.ops.ifelse import GradSum, grad_value, is_float, scope_array, store_step
 from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
 from nestflow.ops.step_products import (
     DEFERRED_ATTRS,
@@ -154,12 +154,7 @@ class while_grad:
         upstream = dict(zip(carried, ctx.inputs("Out" + GRAD_SUFFIX)))
         flowing = {o: upstream.get(o) for o, s in zip(carried, seeds) if s}
         summed: dict[str, GradSum] = {}
-        name_of = {grad: name for name, grad in zip(x_names, attrs["x_grads"]) if grad}
-        value_of = dict(zip(x_names, x_values))
-        deferred = [
-            (value_of[name_of[grad]], product(summed.setdefault(name_of[grad], GradSum())))
-            for grad, product in deferred_products(attrs)
-        ]
+        deferred = deferred_products(attrs)
         grad_block = attrs["grad_block"]
         run_block, remembered = ctx.executor.run_sub_block, {}
         for scope in reversed(ctx.input("StepScopes") or []):
@@ -173,18 +168,16 @@ class while_grad:
                 values[seed] = grad
             frame = run_block(grad_block, scope, values, ctx.frame, remembered)
             for name, grad_name in zip(x_names, attrs["x_grads"]):
-                grad = None
-                if grad_name:
-                    grad = frame.value(grad_name)
-                    grad = values.get(grad_name) if grad is None else grad
+                grad = grad_value(frame, values, grad_name)
                 if name in flowing:
                     flowing[name] = grad  # None: the old value did not reach the new one
                 elif grad is not None:
                     summed.setdefault(name, GradSum()).add(grad)
-            for _, product in deferred:
-                product.collect(scope, frame.env, frame.plan.slot_of, values)
-        for value, product in deferred:
-            product.finish(value)
+            for product in deferred.values():
+                product.collect(scope, frame, values)
+        for name, grad_name, value in zip(x_names, attrs["x_grads"], x_values):
+            if grad_name in deferred and (grad := deferred[grad_name].finish(value)) is not None:
+                summed.setdefault(name, GradSum()).add(grad)
         env = ctx.frame.env
         for index, name, value in zip(ctx.out_slots.get("X" + GRAD_SUFFIX, []), x_names, x_values):
             if index < 0:
