@@ -53,10 +53,10 @@ rnn = layers.RNN
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from nestflow import io
+    from nestflow import clip, io, metric, nets, profiler, regularizer
 
 # Imported on first use (safetensors, tempfile): most programs never save or load a file.
-_LAZY_MODULES = ("io",)
+_LAZY_MODULES = ("io", "nets", "regularizer", "clip", "metric", "profiler")
 
 
 def __getattr__(name: str):
@@ -106,6 +106,11 @@ __all__ = [
     "global_scope",
     "initializer",
     "io",
+    "nets",
+    "regularizer",
+    "clip",
+    "metric",
+    "profiler",
     "layer",
     "layers",
     "ops",

@@ -4,10 +4,34 @@ from nestflow.layers import initializer, variable_ops
 from nestflow.layers.control_flow import *  # noqa: F403
 from nestflow.layers.control_flow import __all__ as _control_flow_all
 from nestflow.layers.initializer import ParamAttr
+from nestflow.layers.learning_rate_scheduler import *  # noqa: F403
+from nestflow.layers.learning_rate_scheduler import __all__ as _lr_all
+from nestflow.layers.loss import *  # noqa: F403
+from nestflow.layers.loss import __all__ as _loss_all
+from nestflow.layers.math import *  # noqa: F403
+from nestflow.layers.math import __all__ as _math_all
 from nestflow.layers.nn import *  # noqa: F403
 from nestflow.layers.nn import __all__ as _nn_all
+from nestflow.layers.norm import *  # noqa: F403
+from nestflow.layers.norm import __all__ as _norm_all
 from nestflow.layers.rnn import RNN
+from nestflow.layers.tensor import *  # noqa: F403
+from nestflow.layers.tensor import __all__ as _tensor_all
+from nestflow.layers.vision import *  # noqa: F403
+from nestflow.layers.vision import __all__ as _vision_all
 
 variable_ops.install()
 
-__all__ = ["RNN", "ParamAttr", "initializer", *_nn_all, *_control_flow_all]
+__all__ = [
+    "RNN",
+    "ParamAttr",
+    "initializer",
+    *_nn_all,
+    *_control_flow_all,
+    *_vision_all,
+    *_norm_all,
+    *_math_all,
+    *_loss_all,
+    *_tensor_all,
+    *_lr_all,
+]

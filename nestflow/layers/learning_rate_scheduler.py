@@ -1,0 +1,5 @@
+"""Learning-rate schedules as ops in the program."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

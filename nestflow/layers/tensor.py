@@ -1,0 +1,5 @@
+"""Reductions, indexing and shape layers."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
