@@ -1,31 +1,52 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# One stamp per set of extras: `make demo` installs only what the demo needs; the test, bench,
+# proto and docs extras come with the targets that use them.
+BASE := $(VENV)/.base
+DEMO_DEPS := $(VENV)/.demo
+TEST_DEPS := $(VENV)/.test
+BENCH_DEPS := $(VENV)/.bench
+PROTO_DEPS := $(VENV)/.proto
 
 .PHONY: test demo bench proto lint clean
 
-$(STAMP): pyproject.toml
+$(BASE):
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,examples,bench,proto]'
-	touch $(STAMP)
+	touch $(BASE)
 
-test: $(STAMP)
+$(DEMO_DEPS): pyproject.toml $(BASE)
+	$(BIN)/pip install -q -e '.[examples]'
+	touch $(DEMO_DEPS)
+
+$(TEST_DEPS): pyproject.toml $(BASE)
+	$(BIN)/pip install -q -e '.[test,examples,bench,proto]'
+	touch $(TEST_DEPS)
+
+$(BENCH_DEPS): pyproject.toml $(BASE)
+	$(BIN)/pip install -q -e '.[examples,bench]'
+	touch $(BENCH_DEPS)
+
+$(PROTO_DEPS): pyproject.toml $(BASE)
+	$(BIN)/pip install -q -e '.[proto]'
+	touch $(PROTO_DEPS)
+
+test: $(TEST_DEPS)
 	$(BIN)/ruff check nestflow tests bench examples
 	$(BIN)/python -m pytest
 
-demo: $(STAMP)
+demo: $(DEMO_DEPS)
 	$(BIN)/python -m nestflow demo
 
-bench: $(STAMP)
+bench: $(BENCH_DEPS)
 	$(BIN)/python bench/run_all.py
 
 # framework.proto is the source; framework_pb2.py is generated and committed.
-proto: $(STAMP)
+proto: $(PROTO_DEPS)
 	$(BIN)/python -m grpc_tools.protoc -Inestflow/framework --python_out=nestflow/framework --pyi_out=nestflow/framework nestflow/framework/framework.proto
 
-lint: $(STAMP)
+lint: $(TEST_DEPS)
 	$(BIN)/ruff check nestflow tests bench examples
 	$(BIN)/ruff format --check nestflow tests bench examples
 

@@ -38,11 +38,27 @@ def test_make_test_installs_the_bench_extra_so_the_torch_comparisons_run():
     """Issue 3: the Adam-vs-PyTorch test may skip without torch, but CI (`make test`) must
     install the `bench` extra so that it runs."""
     makefile = (ROOT / "Makefile").read_text()
-    install = re.search(r"pip install[^\n]*-e '\.\[([^\]]*)\]'", makefile)
-    assert install, "the Makefile's venv rule installs the package with its extras"
-    assert {"test", "bench"} <= set(install.group(1).split(","))
-    test_rule = re.search(r"^test: *(.*)$", makefile, re.M)
-    assert test_rule and "$(STAMP)" in test_rule.group(1)  # make test builds the venv first
+    test_rule = re.search(r"^test: *\$\((\w+)\)", makefile, re.M)
+    assert test_rule, "make test builds its venv first"
+    extras = _extras_installed_by(makefile, test_rule.group(1))
+    assert {"test", "bench"} <= extras
+
+
+def test_make_demo_installs_only_what_the_demo_needs():
+    """Issue 16: `make demo` installs no torch, grpcio-tools or test tools."""
+    makefile = (ROOT / "Makefile").read_text()
+    demo_rule = re.search(r"^demo: *\$\((\w+)\)", makefile, re.M)
+    assert demo_rule, "make demo builds its venv first"
+    assert _extras_installed_by(makefile, demo_rule.group(1)) == {"examples"}
+
+
+def _extras_installed_by(makefile: str, stamp_var: str) -> set[str]:
+    """The extras the rule making `$(stamp_var)` installs."""
+    rule = re.search(rf"^\$\({stamp_var}\):[^\n]*\n((?:\t[^\n]*\n)+)", makefile, re.M)
+    assert rule, f"no rule makes $({stamp_var})"
+    install = re.search(r"pip install[^\n]*-e '\.\[([^\]]*)\]'", rule.group(1))
+    assert install, f"the rule for $({stamp_var}) installs the package with its extras"
+    return set(install.group(1).split(","))
 
 
 @pytest.mark.parametrize("status", [0, 1, 2, 5])
