@@ -64,7 +64,12 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module(f"nestflow.{name}")
-    raise AttributeError(f"module 'nestflow' has no attribute '{name}'")
+    from nestflow.errors import UnknownNameError, suggest_names
+
+    raise UnknownNameError(
+        f"module 'nestflow' has no attribute '{name}'{suggest_names(name, __dir__())}; "
+        "layers live in nf.layers, optimizers in nf.optimizer"
+    )
 
 
 def __dir__() -> list[str]:

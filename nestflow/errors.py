@@ -76,6 +76,11 @@ class UnknownOpError(NestflowError, KeyError):
         return self.args[0] if self.args else ""
 
 
+class UnknownNameError(NestflowError, AttributeError):
+    """A name asked of a nestflow module (e.g. `nf.layers.conv3d`) that it does not have; the
+    message suggests the closest names. Also an AttributeError, so hasattr() keeps working."""
+
+
 class ProgramDecodeError(NestflowError, ValueError):
     """Bytes that should hold a ProgramDesc do not parse, or describe an invalid program."""
 
@@ -114,3 +119,11 @@ class ParameterFileError(NestflowError, ValueError):
 class FileWriteError(NestflowError, OSError):
     """A file could not be written (a parameter file, a saved model); what was there before is
     left as it was."""
+
+
+def suggest_names(name: str, known) -> str:
+    """' (did you mean a, b?)' for the names of `known` closest to `name`, or ''."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""

@@ -35,3 +35,12 @@ __all__ = [
     *_tensor_all,
     *_lr_all,
 ]
+
+
+def __getattr__(name: str):
+    from nestflow.errors import UnknownNameError, suggest_names
+
+    raise UnknownNameError(
+        f"nf.layers has no layer '{name}'{suggest_names(name, __all__)}; the catalogue is "
+        "listed by dir(nf.layers) and in the layer reference of the docs"
+    )
