@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nestflow.core.dtype import dtype_name
-from nestflow.errors import ShapeError
+from nestflow.errors import AttrError, ShapeError
 from nestflow.framework import unique_name
 from nestflow.framework.program import VarDesc
 from nestflow.layers.helper import (
@@ -29,11 +29,33 @@ from nestflow.layers.initializer import Xavier
 Number = (int, float)
 
 
-def data(name: str, shape: Sequence[int], dtype: Any = "float32") -> VarDesc:
+def data(
+    name: str,
+    shape: Sequence[int],
+    dtype: Any = "float32",
+    append_batch_size: bool = False,
+    lod_level: int = 0,
+    stop_gradient: bool = True,
+) -> VarDesc:
     """A variable the user feeds at run time; -1 (or None) marks a dimension of any size.
 
     Declared in the program's global block wherever it is called (as PaddlePaddle's
-    `layers.data` does), since feeds bind there: one made inside a sub-block can still be fed."""
+    `layers.data` does), since feeds bind there: one made inside a sub-block can still be fed.
+    `append_batch_size=True` prepends a -1 batch dimension, as Fluid's `layers.data` does by
+    default (nestflow's default is False: the shape is taken as given). `lod_level` is accepted
+    for Fluid programs and must be 0 (sequences are padded `[batch, time, ...]` + lengths).
+
+    >>> x = nf.data("x", [784], append_batch_size=True)
+    >>> x.shape
+    (-1, 784)
+    """
+    if lod_level != 0:
+        raise AttrError(
+            f"data '{name}': lod_level={lod_level}; nestflow has no LoD tensors, feed padded "
+            "[batch, time, ...] arrays with an int64 lengths variable instead"
+        )
+    if append_batch_size:
+        shape = [-1, *shape]
     if any(d is not None and not isinstance(d, numbers.Integral) for d in shape):
         raise ShapeError(
             f"data '{name}': shape {list(shape)} must hold ints (-1 or None: any size)"
@@ -49,7 +71,7 @@ def data(name: str, shape: Sequence[int], dtype: Any = "float32") -> VarDesc:
             f"'{name}' ({known.dtype}{list(known.shape)}"
             f"{', persistable' if known.persistable else ''}); give the data another name"
         )
-    return block.create_var(name, shape, dtype, stop_gradient=True)
+    return block.create_var(name, shape, dtype, stop_gradient=bool(stop_gradient))
 
 
 def fill_constant(

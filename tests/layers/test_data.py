@@ -39,3 +39,17 @@ def test_data_made_in_a_sub_block_is_fed_like_any_other():
     feed = {"x": np.ones((2, 2), "float32"), "bias": np.full((2, 2), 2.0, "float32")}
     (got,) = nf.Executor().run(feed=feed, fetch_list=[out], scope=nf.Scope())
     np.testing.assert_array_equal(got, np.full((2, 2), 3.0))
+
+
+def test_append_batch_size_prepends_a_batch_dimension_as_fluid_does():
+    with nf.program_guard(nf.Program(), nf.Program()):
+        x = nf.data("image", [1, 28, 28], append_batch_size=True)
+        y = nf.data("label", [1], "int64", append_batch_size=False)
+    assert x.shape == (-1, 1, 28, 28)
+    assert y.shape == (1,)
+
+
+def test_lod_level_other_than_zero_is_refused_with_the_alternative():
+    with nf.program_guard(nf.Program(), nf.Program()):
+        with pytest.raises(nf.errors.AttrError, match="lengths"):
+            nf.data("words", [-1, 1], "int64", lod_level=1)
