@@ -17,6 +17,7 @@ from nestflow import (
     optimizer,
 )
 from nestflow.core import CPUPlace, CUDAPlace, Place, Scope, Tensor, Variable
+from nestflow.core.threads import get_num_threads, set_num_threads
 from nestflow.executor import (
     Executor,
     Net,
@@ -102,6 +103,7 @@ __all__ = [
     "default_startup_program",
     "errors",
     "get_variable",
+    "get_num_threads",
     "ifelse",
     "BlockOp",
     "rnn",
@@ -123,6 +125,7 @@ __all__ = [
     "program_guard",
     "prune",
     "seed",
+    "set_num_threads",
     "sigmoid",
     "unique_name",
 ]

@@ -27,7 +27,13 @@ def test_pyproject_declares_the_runtime_dependencies_and_extras():
     def names(requirements):
         return {re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0].lower() for r in requirements}
 
-    assert names(project["dependencies"]) == {"numpy", "protobuf", "safetensors", "tqdm"}
+    assert names(project["dependencies"]) == {
+        "numpy",
+        "protobuf",
+        "safetensors",
+        "threadpoolctl",
+        "tqdm",
+    }
     extras = project["optional-dependencies"]
     assert {"pytest", "hypothesis"} <= names(extras["test"])
     assert names(extras["examples"]) == {"scikit-learn"}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import nestflow as nf
+from nestflow.core.threads import threads_summary
 
 EPOCHS = 20
 BATCH_SIZE = 32
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     """The CLI entry: train, evaluate, save, reload, re-check; 1 if a check fails."""
     epochs = args.epochs if args.epochs is not None else EPOCHS
     data = load_digits(seed=args.seed, limit=args.limit)
+    print(threads_summary())
     print(
         f"digits: {len(data.train_x)} training and {len(data.test_x)} held-out 8x8 images; "
         f"MLP 64 -> 128 relu -> 10, Adam lr {LEARNING_RATE}, {epochs} epochs"

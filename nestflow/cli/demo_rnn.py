@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import nestflow as nf
+from nestflow.core.threads import threads_summary
 
 HIDDEN = 16
 MIN_LENGTH, MAX_LENGTH = 4, 16
@@ -151,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(seed)
     train_data = make_sequences(limit or TRAIN_SIZE, rng)
     test_data = make_sequences(TEST_SIZE, rng)
+    print(threads_summary())
     print(
         f"sequence-sum sign: {len(train_data.lengths)} training and {len(test_data.lengths)} "
         f"held-out sequences of {MIN_LENGTH}-{MAX_LENGTH} steps; tanh RNN with {HIDDEN} hidden "
