@@ -15,6 +15,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from sys import getrefcount
+from time import perf_counter_ns
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,11 @@ from nestflow.ops.registry import OpDef, VarInfo, get_op_def
 
 Env = list
 Step = Callable[[Env], None]
+
+# The running nestflow.profiler (None: not profiling). While set, blocks run their timed variant
+# and tell it when each op starts and ends: `profiler.recorder(frame)` gives the frame's
+# `record(op_index, start_ns)`, called as each op finishes.
+profiler: Any = None
 
 
 class RunContext:
@@ -136,7 +142,10 @@ class Frame:
             return self._run_checked()
         plan = self.plan
         try:
-            plan.compiled(keep)(self.env, self)
+            if profiler is None:
+                plan.compiled(keep)(self.env, self)
+            else:
+                plan.compiled(keep, timed=True)(self.env, self, profiler.recorder(self))
         except NestflowError as exc:
             if exc.location is not None:
                 raise
@@ -147,7 +156,9 @@ class Frame:
 
     def _run_checked(self) -> None:
         env = self.env
+        record = profiler.recorder(self) if profiler is not None else None
         for index, step in enumerate(self.plan.steps):
+            start = perf_counter_ns()
             try:
                 step(env, self)
             except NestflowError as exc:
@@ -156,6 +167,8 @@ class Frame:
                 raise type(exc)(exc.message, location=self.plan.ops[index].location()) from exc
             except Exception as exc:
                 raise self.plan.runtime_error(index, env, exc) from exc
+            if record is not None:
+                record(index, start)
             op = self.plan.ops[index]
             for name in op.output_names():
                 value = env[self.plan.slot_of[name]] if name else None
@@ -233,13 +246,17 @@ class BlockPlan:
             return _Call(scope_step, None, None, False)
         return _kernel_call(op, op_def, attrs, in_slots, out_slots)
 
-    def compiled(self, keep: frozenset[str] | None = None) -> Callable[[Env, Frame], None]:
+    def compiled(self, keep: frozenset[str] | None = None, timed: bool = False) -> Callable:
         """The block as one function of (env, frame). With `keep`, every big temporary not in
-        `keep` is dropped from the env right after the op that uses it last."""
-        function = self._compiled.get(keep)
+        `keep` is dropped from the env right after the op that uses it last. `timed`: the
+        profiler's variant, a function of (env, frame, record) calling `record(op_index,
+        start_ns)` as each op finishes."""
+        key = (keep, True) if timed else keep
+        function = self._compiled.get(key)
         if function is None:
             releases = self._releases(keep) if keep is not None else [()] * len(self.ops)
-            function = self._compiled[keep] = _compile(self.calls, releases, self.block.idx)
+            function = _compile(self.calls, releases, self.block.idx, timed)
+            self._compiled[key] = function
             self._codes.add(function.__code__)
         return function
 
@@ -383,9 +400,11 @@ def _arg_source(arg) -> str:
     return f"e[{arg}]"
 
 
-def _compile(calls: list[_Call], releases: list[tuple[int, ...]], tag) -> Callable:
-    lines = [f"def block_{tag}(e, frame):"]
-    namespace: dict[str, Any] = {"_owned": _owned}
+def _compile(
+    calls: list[_Call], releases: list[tuple[int, ...]], tag, timed: bool = False
+) -> Callable:
+    lines = [f"def block_{tag}(e, frame, record):" if timed else f"def block_{tag}(e, frame):"]
+    namespace: dict[str, Any] = {"_owned": _owned, "_clock": perf_counter_ns}
     for index, (call, drops) in enumerate(zip(calls, releases)):
         name = f"k{index}"
         namespace[name] = call.function
@@ -395,6 +414,8 @@ def _compile(calls: list[_Call], releases: list[tuple[int, ...]], tag) -> Callab
         statement = call.source(name, donate)
         if drops:
             statement += "; " + "; ".join(f"e[{slot}] = None" for slot in drops)
+        if timed:  # still one line per op: failing_op reads the op from the line number
+            statement = f"t = _clock(); {statement}; record({index}, t)"
         lines.append("    " + statement)
     if not calls:
         lines.append("    pass")
