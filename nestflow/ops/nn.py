@@ -1,5 +1,811 @@
-"""Vision ops (NCHW): conv2d, conv2d_transpose, pool2d, lrn, flatten."""
+"""Vision ops (NCHW): conv2d, depthwise_conv2d, conv2d_transpose, pool2d, lrn, flatten/flatten2.
+
+Slots, attrs and defaults are Fluid 1.8's. Convolutions run on three primitives shared by both
+directions: `_conv` (im2col: the kh*kw shifted strided views of the padded input copied into one
+[N, groups, C/g*kh*kw, OH*OW] array, then one batched GEMM), `_conv_input_grad` (the GEMM's
+transpose, then col2im: each kernel offset's columns added back into a strided slice) and
+`_conv_filter_grad`. conv2d_transpose is conv2d's data gradient run forwards, so it reuses them
+with the roles swapped. Pooling loops over the kh*kw kernel offsets, each a vectorised operation
+on a strided view; no kernel loops over batch, channels or pixels in Python.
+
+Attrs that only steer Fluid's hardware back ends (use_cudnn, use_mkldnn, workspace_size_MB, ...)
+are accepted so Fluid programs load, and have no effect.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from nestflow.core.dtype import is_floating
+from nestflow.errors import AttrError, DTypeError, ShapeError
+from nestflow.ops.registry import Required, VarInfo, fail, register_op
+
 __all__: list[str] = []
+
+# Fluid attrs that select a back end or a fused kernel there; accepted, without effect here.
+_CONV_HINTS = {
+    "use_cudnn": False,
+    "use_mkldnn": False,
+    "use_quantizer": False,
+    "mkldnn_data_type": "float32",
+    "fuse_relu": False,
+    "fuse_brelu": False,
+    "fuse_brelu_threshold": 6.0,
+    "fuse_activation": "",
+    "fuse_alpha": 0.0,
+    "fuse_beta": 0.0,
+    "fuse_residual_connection": False,
+    "Scale_in": 1.0,
+    "Scale_out": 1.0,
+    "Scale_in_eltwise": 1.0,
+    "Scale_weights": [1.0],
+    "force_fp32_output": False,
+    "workspace_size_MB": 512,
+    "exhaustive_search": False,
+    "is_test": False,
+}
+
+_LAYOUTS = ("NCHW", "NHWC", "AnyLayout")
+_PADDING_ALGORITHMS = ("EXPLICIT", "SAME", "VALID")
+
+
+# ---- attribute checks shared by the ops ----
+
+
+def _require_float(info: VarInfo, slot: str) -> None:
+    if not is_floating(info.dtype):
+        raise DTypeError(
+            f"{slot} {list(info.shape)} is {info.dtype}; this op computes in floating point "
+            "(float16, float32, float64): cast it first"
+        )
+
+
+def _require_4d(info: VarInfo, slot: str, layout: str = "NCHW") -> None:
+    if info.ndim != 4:
+        fail(f"{slot} must be a 4-D {layout} tensor, got shape {list(info.shape)}")
+
+
+def _pair(values: list, name: str, low: int) -> tuple[int, int]:
+    """A 2-element int attr (height, width), each >= low."""
+    if len(values) != 2 or any(not isinstance(v, int) or v < low for v in values):
+        raise AttrError(f"{name} must be 2 ints >= {low} (height, width), got {values}")
+    return values[0], values[1]
+
+
+def _four_paddings(paddings: list) -> tuple[int, int, int, int]:
+    """Fluid's paddings: [h, w] (both sides alike) or [top, bottom, left, right], each >= 0."""
+    if len(paddings) not in (2, 4) or any(not isinstance(p, int) or p < 0 for p in paddings):
+        raise AttrError(
+            f"paddings must be 2 ints [pad_h, pad_w] or 4 [top, bottom, left, right], "
+            f"each >= 0; got {paddings}"
+        )
+    if len(paddings) == 2:
+        return paddings[0], paddings[0], paddings[1], paddings[1]
+    return tuple(paddings)
+
+
+def _check_layout(data_format: str) -> bool:
+    """True for channel-last (NHWC) data."""
+    if data_format not in _LAYOUTS:
+        raise AttrError(f"data_format must be one of {list(_LAYOUTS)}, got '{data_format}'")
+    return data_format == "NHWC"
+
+
+def _check_algorithm(padding_algorithm: str) -> None:
+    if padding_algorithm not in _PADDING_ALGORITHMS:
+        raise AttrError(
+            f"padding_algorithm must be one of {list(_PADDING_ALGORITHMS)}, "
+            f"got '{padding_algorithm}'"
+        )
+
+
+def _same_pads(size: int, k: int, stride: int) -> tuple[int, int]:
+    """ "SAME" padding of one dim: the output has ceil(size / stride) positions."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + k - size, 0)
+    return total // 2, total - total // 2
+
+
+def _nchw(x: np.ndarray, channel_last: bool) -> np.ndarray:
+    return x.transpose(0, 3, 1, 2) if channel_last else x
+
+
+def _from_nchw(y: np.ndarray, channel_last: bool) -> np.ndarray:
+    return np.ascontiguousarray(y.transpose(0, 2, 3, 1)) if channel_last else y
+
+
+def _spatial(shape: tuple[int, ...], channel_last: bool) -> tuple[int, int]:
+    return (shape[1], shape[2]) if channel_last else (shape[2], shape[3])
+
+
+def _channels(shape: tuple[int, ...], channel_last: bool) -> int:
+    return shape[3] if channel_last else shape[1]
+
+
+def _with_chw(n: int, c: int, hw: tuple[int, int], channel_last: bool) -> tuple[int, ...]:
+    return (n, hw[0], hw[1], c) if channel_last else (n, c, hw[0], hw[1])
+
+
+# ---- im2col / col2im on NCHW arrays ----
+
+
+def _window(x: np.ndarray, top: int, left: int, strides, out_hw) -> np.ndarray:
+    """The strided view x[:, :, top + s_h*i, left + s_w*j] for i < out_h, j < out_w."""
+    (sh, sw), (oh, ow) = strides, out_hw
+    return x[:, :, top : top + sh * (oh - 1) + 1 : sh, left : left + sw * (ow - 1) + 1 : sw]
+
+
+def _padded(x: np.ndarray, pads, value: float = 0.0) -> np.ndarray:
+    top, bottom, left, right = pads
+    if not (top or bottom or left or right):
+        return x
+    n, c, h, w = x.shape
+    out = np.full((n, c, h + top + bottom, w + left + right), value, x.dtype)
+    out[:, :, top : top + h, left : left + w] = x
+    return out
+
+
+def _im2col(xp: np.ndarray, k_hw, strides, dilations, out_hw) -> np.ndarray:
+    """Columns [N, C, kh, kw, OH, OW] of the padded input xp: one strided copy per offset."""
+    (kh, kw), (dh, dw) = k_hw, dilations
+    if (kh, kw) == (1, 1) and tuple(strides) == (1, 1) and xp.shape[2:] == tuple(out_hw):
+        return xp[:, :, None, None]  # a 1x1 stride-1 conv reads the input as it is
+    cols = np.empty(xp.shape[:2] + (kh, kw) + tuple(out_hw), xp.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            cols[:, :, i, j] = _window(xp, i * dh, j * dw, strides, out_hw)
+    return cols
+
+
+def _col2im(cols: np.ndarray, padded_hw, strides, dilations) -> np.ndarray:
+    """The adjoint of _im2col: [N, C, kh, kw, OH, OW] summed into a zero [N, C, Hp, Wp]."""
+    n, c, kh, kw, oh, ow = cols.shape
+    if (kh, kw) == (1, 1) and tuple(strides) == (1, 1) and (oh, ow) == tuple(padded_hw):
+        return cols[:, :, 0, 0]
+    out = np.zeros((n, c) + tuple(padded_hw), cols.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            view = _window(out, i * dilations[0], j * dilations[1], strides, (oh, ow))
+            view += cols[:, :, i, j]
+    return out
+
+
+@dataclass(frozen=True)
+class _ConvGeometry:
+    """Resolved strides, paddings (top, bottom, left, right), dilations and groups."""
+
+    strides: tuple[int, int]
+    pads: tuple[int, int, int, int]
+    dilations: tuple[int, int]
+    groups: int
+
+    def out_hw(self, in_hw, k_hw) -> tuple[int, int]:
+        """Output positions of a convolution over `in_hw` (-1 where unknown)."""
+        sizes = []
+        for d in range(2):
+            size = in_hw[d]
+            padded = size + self.pads[2 * d] + self.pads[2 * d + 1]
+            extent = self.dilations[d] * (k_hw[d] - 1) + 1
+            sizes.append(-1 if size < 0 else (padded - extent) // self.strides[d] + 1)
+        return sizes[0], sizes[1]
+
+    def transposed_hw(self, in_hw, k_hw) -> tuple[int, int]:
+        """Output positions of a transposed convolution over `in_hw` (-1 where unknown)."""
+        sizes = []
+        for d in range(2):
+            size = in_hw[d]
+            extent = self.dilations[d] * (k_hw[d] - 1) + 1
+            pads = self.pads[2 * d] + self.pads[2 * d + 1]
+            sizes.append(-1 if size < 0 else (size - 1) * self.strides[d] - pads + extent)
+        return sizes[0], sizes[1]
+
+
+def _conv_geometry(attrs: dict, in_hw, k_hw) -> _ConvGeometry:
+    """Fluid's UpdatePaddingAndDilation: "SAME" pads for ceil(size / stride) outputs with
+    dilation 1, "VALID" pads nothing, "EXPLICIT" takes `paddings`."""
+    strides = _pair(attrs["strides"], "strides", 1)
+    dilations = _pair(attrs["dilations"], "dilations", 1)
+    pads = _four_paddings(attrs["paddings"])
+    groups = attrs["groups"]
+    if groups < 1:
+        raise AttrError(f"groups must be >= 1, got {groups}")
+    algorithm = attrs["padding_algorithm"]
+    _check_algorithm(algorithm)
+    if algorithm == "VALID":
+        pads = (0, 0, 0, 0)
+    elif algorithm == "SAME":
+        if in_hw[0] < 0 or in_hw[1] < 0:
+            pads = (0, 0, 0, 0)  # resolved when the sizes are known (out_hw gives -1 then)
+        else:
+            pads = _same_pads(in_hw[0], k_hw[0], strides[0]) + _same_pads(
+                in_hw[1], k_hw[1], strides[1]
+            )
+        dilations = (1, 1)
+    return _ConvGeometry(strides, pads, dilations, groups)
+
+
+def _conv(x: np.ndarray, w: np.ndarray, geo: _ConvGeometry) -> np.ndarray:
+    """Convolution of x [N, C, H, W] with w [M, C/g, kh, kw]: [N, M, OH, OW]."""
+    n = x.shape[0]
+    m, cg, kh, kw = w.shape
+    g = geo.groups
+    oh, ow = geo.out_hw(x.shape[2:], (kh, kw))
+    cols = _im2col(_padded(x, geo.pads), (kh, kw), geo.strides, geo.dilations, (oh, ow))
+    cols = cols.reshape(n, g, cg * kh * kw, oh * ow)
+    out = np.matmul(w.reshape(g, m // g, cg * kh * kw), cols)
+    return out.reshape(n, m, oh, ow)
+
+
+def _conv_input_grad(grad: np.ndarray, w: np.ndarray, in_hw, geo: _ConvGeometry) -> np.ndarray:
+    """d(conv)/d(input) applied to grad [N, M, OH, OW]: [N, C, H, W] for input size in_hw."""
+    n, m, oh, ow = grad.shape
+    _, cg, kh, kw = w.shape
+    g = geo.groups
+    wt = w.reshape(g, m // g, cg * kh * kw).transpose(0, 2, 1)
+    cols = np.matmul(wt, grad.reshape(n, g, m // g, oh * ow))
+    top, bottom, left, right = geo.pads
+    h, wd = in_hw
+    padded = _col2im(
+        cols.reshape(n, g * cg, kh, kw, oh, ow),
+        (h + top + bottom, wd + left + right),
+        geo.strides,
+        geo.dilations,
+    )
+    return padded[:, :, top : top + h, left : left + wd]
+
+
+def _conv_filter_grad(x: np.ndarray, grad: np.ndarray, w_shape, geo: _ConvGeometry) -> np.ndarray:
+    """d(conv)/d(filter) for input x [N, C, H, W] and grad [N, M, OH, OW]: w_shape."""
+    n, m, oh, ow = grad.shape
+    _, cg, kh, kw = w_shape
+    g = geo.groups
+    cols = _im2col(_padded(x, geo.pads), (kh, kw), geo.strides, geo.dilations, (oh, ow))
+    cols = cols.reshape(n, g, cg * kh * kw, oh * ow)
+    per_image = np.matmul(grad.reshape(n, g, m // g, oh * ow), cols.transpose(0, 1, 3, 2))
+    return per_image.sum(axis=0).reshape(w_shape)
+
+
+# ---- conv2d and depthwise_conv2d ----
+
+
+def _infer_conv(Input: VarInfo, Filter: VarInfo, **attrs) -> VarInfo:
+    channel_last = _check_layout(attrs["data_format"])
+    _require_4d(Input, "Input", "NHWC" if channel_last else "NCHW")
+    _require_4d(Filter, "Filter", "[out_channels, in_channels / groups, kh, kw]")
+    _require_float(Input, "Input")
+    if Filter.dtype != Input.dtype:
+        raise DTypeError(f"Input is {Input.dtype} but Filter is {Filter.dtype}")
+    m, cg, kh, kw = Filter.shape
+    if min(kh, kw) < 1 or m < 1 or cg < 1:
+        fail(f"Filter {list(Filter.shape)} must have positive sizes")
+    in_hw = _spatial(Input.shape, channel_last)
+    geo = _conv_geometry(attrs, in_hw, (kh, kw))
+    c = _channels(Input.shape, channel_last)
+    if c >= 0 and c != cg * geo.groups:
+        fail(
+            f"Input {list(Input.shape)} has {c} channels but Filter {list(Filter.shape)} with "
+            f"groups={geo.groups} takes {cg} * {geo.groups} = {cg * geo.groups}: the input "
+            "channels must equal Filter's dim 1 times groups"
+        )
+    if m % geo.groups:
+        fail(
+            f"Filter {list(Filter.shape)}: its {m} output channels do not divide by "
+            f"groups={geo.groups}"
+        )
+    out_hw = geo.out_hw(in_hw, (kh, kw))
+    for d, name in enumerate(("height", "width")):
+        if in_hw[d] >= 0 and out_hw[d] < 1:
+            extent = geo.dilations[d] * ((kh, kw)[d] - 1) + 1
+            padded = in_hw[d] + geo.pads[2 * d] + geo.pads[2 * d + 1]
+            fail(
+                f"the filter's {name} extent {extent} (size {(kh, kw)[d]}, dilation "
+                f"{geo.dilations[d]}) is larger than the padded input {name} {padded} "
+                f"(Input {list(Input.shape)}, paddings {list(geo.pads)})"
+            )
+    return VarInfo(_with_chw(Input.shape[0], m, out_hw, channel_last), Input.dtype)
+
+
+def _conv_forward(Input, Filter, relu_first: bool, attrs: dict) -> np.ndarray:
+    channel_last = _check_layout(attrs["data_format"])
+    x = _nchw(Input, channel_last)
+    if relu_first:
+        x = np.maximum(x, 0)
+    geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
+    return _from_nchw(_conv(x, Filter, geo), channel_last)
+
+
+def _conv_backward(Input, Filter, Output_grad, relu_first: bool, attrs: dict, needs):
+    channel_last = _check_layout(attrs["data_format"])
+    x = _nchw(Input, channel_last)
+    grad = _nchw(Output_grad, channel_last)
+    if relu_first:
+        x = np.maximum(x, 0)
+    geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
+    dx = dw = None
+    if needs[0]:
+        dx = _conv_input_grad(grad, Filter, x.shape[2:], geo)
+        if relu_first:
+            dx = dx * (x > 0)
+        dx = _from_nchw(dx, channel_last)
+    if needs[1]:
+        dw = _conv_filter_grad(x, grad, Filter.shape, geo)
+    return dx, dw
+
+
+_CONV2D_ATTRS = {
+    "strides": [1, 1],
+    "paddings": [0, 0],
+    "padding_algorithm": "EXPLICIT",
+    "groups": 1,
+    "dilations": [1, 1],
+    "data_format": "NCHW",
+    "fuse_relu_before_depthwise_conv": False,
+    **_CONV_HINTS,
+}
+
+
+@register_op
+class conv2d:
+    """Output = Input (*) Filter: Input [N, C, H, W], Filter [M, C / groups, kh, kw] ->
+    Output [N, M, OH, OW], OH = (H + pad_top + pad_bottom - (dilation * (kh - 1) + 1)) //
+    stride + 1. `paddings` is [pad_h, pad_w] or [top, bottom, left, right];
+    padding_algorithm "SAME"/"VALID" overrides it as Fluid does; data_format "NHWC" takes and
+    gives channel-last data. ShapeError when the channels do not fit the filter and groups or
+    the filter is larger than the padded input; DTypeError for non-float data."""
+
+    inputs, outputs = ("Input", "Filter"), ("Output",)
+    attrs = _CONV2D_ATTRS
+    infer = _infer_conv
+
+    def forward(Input, Filter, **attrs):
+        return _conv_forward(Input, Filter, False, attrs)
+
+    def backward(Input, Filter, Output, Output_grad, needs=(True, True), **attrs):
+        return _conv_backward(Input, Filter, Output_grad, False, attrs, needs)
+
+
+@register_op
+class depthwise_conv2d:
+    """conv2d with groups == input channels (the op Fluid's conv2d layer appends then when
+    use_cudnn is False). Same slots, attrs and results as conv2d; `fuse_relu_before_depthwise_
+    conv` applies relu to Input first, as Fluid's depthwise kernel does."""
+
+    inputs, outputs = ("Input", "Filter"), ("Output",)
+    attrs = _CONV2D_ATTRS
+    infer = _infer_conv
+
+    def forward(Input, Filter, **attrs):
+        return _conv_forward(Input, Filter, attrs["fuse_relu_before_depthwise_conv"], attrs)
+
+    def backward(Input, Filter, Output, Output_grad, needs=(True, True), **attrs):
+        relu_first = attrs["fuse_relu_before_depthwise_conv"]
+        return _conv_backward(Input, Filter, Output_grad, relu_first, attrs, needs)
+
+
+# ---- conv2d_transpose ----
+
+
+def _transposed_out_hw(geo: _ConvGeometry, in_hw, k_hw, output_size: list) -> tuple[int, int]:
+    """The output size: the smallest the transposed conv gives, or `output_size` within
+    [that, that + stride) as Fluid allows (the extra rows and columns are the far edge)."""
+    smallest = geo.transposed_hw(in_hw, k_hw)
+    if not output_size:
+        return smallest
+    wanted = _pair(output_size, "output_size", 1)
+    for d in range(2):
+        if smallest[d] >= 0 and not smallest[d] <= wanted[d] < smallest[d] + geo.strides[d]:
+            fail(
+                f"output_size {list(wanted)} must lie in [{smallest[d]}, "
+                f"{smallest[d] + geo.strides[d]}) in dim {d} (the input size {in_hw[d]}, "
+                f"stride {geo.strides[d]}, paddings {list(geo.pads)} and filter {list(k_hw)} "
+                f"give {smallest[d]})"
+            )
+    return wanted
+
+
+def _infer_conv_transpose(Input: VarInfo, Filter: VarInfo, **attrs) -> VarInfo:
+    channel_last = _check_layout(attrs["data_format"])
+    _require_4d(Input, "Input", "NHWC" if channel_last else "NCHW")
+    _require_4d(Filter, "Filter", "[in_channels, out_channels / groups, kh, kw]")
+    _require_float(Input, "Input")
+    if Filter.dtype != Input.dtype:
+        raise DTypeError(f"Input is {Input.dtype} but Filter is {Filter.dtype}")
+    c, mg, kh, kw = Filter.shape
+    if min(kh, kw) < 1 or c < 1 or mg < 1:
+        fail(f"Filter {list(Filter.shape)} must have positive sizes")
+    in_hw = _spatial(Input.shape, channel_last)
+    geo = _conv_geometry(attrs, in_hw, (kh, kw))
+    channels = _channels(Input.shape, channel_last)
+    if channels >= 0 and channels != c:
+        fail(
+            f"Input {list(Input.shape)} has {channels} channels but Filter "
+            f"{list(Filter.shape)} takes {c} (Filter's dim 0)"
+        )
+    if c % geo.groups:
+        fail(
+            f"Filter {list(Filter.shape)}: its {c} input channels do not divide by groups={geo.groups}"
+        )
+    smallest = geo.transposed_hw(in_hw, (kh, kw))
+    for d in range(2):
+        if in_hw[d] >= 0 and smallest[d] < 1:
+            fail(
+                f"paddings {list(geo.pads)} remove the whole output of Input "
+                f"{list(Input.shape)} with Filter {list(Filter.shape)} (size {smallest[d]})"
+            )
+    out_hw = _transposed_out_hw(geo, in_hw, (kh, kw), attrs["output_size"])
+    return VarInfo(_with_chw(Input.shape[0], mg * geo.groups, out_hw, channel_last), Input.dtype)
+
+
+_CONV2D_TRANSPOSE_ATTRS = {
+    "output_size": [],
+    "strides": [1, 1],
+    "paddings": [0, 0],
+    "padding_algorithm": "EXPLICIT",
+    "groups": 1,
+    "dilations": [1, 1],
+    "data_format": "NCHW",
+    **_CONV_HINTS,
+}
+
+
+def _transpose_setup(Input, Filter, attrs):
+    channel_last = _check_layout(attrs["data_format"])
+    x = _nchw(Input, channel_last)
+    k_hw = Filter.shape[2:]
+    geo = _conv_geometry(attrs, x.shape[2:], k_hw)
+    return channel_last, x, geo, _transposed_out_hw(geo, x.shape[2:], k_hw, attrs["output_size"])
+
+
+@register_op
+class conv2d_transpose:
+    """Output = the transposed convolution (the data gradient of conv2d) of Input
+    [N, C, H, W] with Filter [C, M / groups, kh, kw]: [N, M, OH, OW], OH = (H - 1) * stride -
+    pad_top - pad_bottom + dilation * (kh - 1) + 1, or `output_size` (which may add up to
+    stride - 1 rows and columns at the far edge). Errors as conv2d's."""
+
+    inputs, outputs = ("Input", "Filter"), ("Output",)
+    attrs = _CONV2D_TRANSPOSE_ATTRS
+    infer = _infer_conv_transpose
+
+    def forward(Input, Filter, **attrs):
+        channel_last, x, geo, out_hw = _transpose_setup(Input, Filter, attrs)
+        return _from_nchw(_conv_input_grad(x, Filter, out_hw, geo), channel_last)
+
+    def backward(Input, Filter, Output, Output_grad, needs=(True, True), **attrs):
+        channel_last, x, geo, _ = _transpose_setup(Input, Filter, attrs)
+        grad = _nchw(Output_grad, channel_last)
+        dx = _from_nchw(_conv(grad, Filter, geo), channel_last) if needs[0] else None
+        dw = _conv_filter_grad(grad, x, Filter.shape, geo) if needs[1] else None
+        return dx, dw
+
+
+# ---- pool2d ----
+
+
+@dataclass(frozen=True)
+class _PoolGeometry:
+    ksize: tuple[int, int]
+    strides: tuple[int, int]
+    pads: tuple[int, int, int, int]
+    out_hw: tuple[int, int]
+    adaptive: bool
+
+
+def _pool_geometry(in_hw, attrs: dict) -> _PoolGeometry:
+    """Fluid's pool2d InferShape: paddings by padding_algorithm, none for global or adaptive
+    pooling; global pooling's window is the whole input, adaptive's output size is ksize."""
+    _check_algorithm(attrs["padding_algorithm"])
+    if attrs["pooling_type"] not in ("max", "avg"):
+        raise AttrError(f"pooling_type must be 'max' or 'avg', got '{attrs['pooling_type']}'")
+    ksize = _pair(attrs["ksize"], "ksize", 1) if not attrs["global_pooling"] else None
+    strides = _pair(attrs["strides"], "strides", 1)
+    pads = _four_paddings(attrs["paddings"])
+    if attrs["global_pooling"]:
+        ksize = tuple(in_hw)
+        pads = (0, 0, 0, 0)
+    elif attrs["adaptive"] or attrs["padding_algorithm"] == "VALID":
+        pads = (0, 0, 0, 0)
+    elif attrs["padding_algorithm"] == "SAME" and min(in_hw) >= 0:
+        pads = _same_pads(in_hw[0], ksize[0], strides[0]) + _same_pads(
+            in_hw[1], ksize[1], strides[1]
+        )
+    if attrs["adaptive"]:
+        return _PoolGeometry(ksize, strides, pads, ksize, True)
+    out = []
+    for d in range(2):
+        size, k, s = in_hw[d], ksize[d], strides[d]
+        if size < 0:
+            out.append(1 if attrs["global_pooling"] else -1)
+            continue
+        p0, p1 = pads[2 * d], pads[2 * d + 1]
+        if k > size + p0 + p1:
+            raise ShapeError(
+                f"the pool window {list(ksize)} is larger than the padded input: dim {d} has "
+                f"size {size} + paddings {p0} + {p1} = {size + p0 + p1} < {k}"
+            )
+        span = size + p0 + p1 - k + (s - 1 if attrs["ceil_mode"] else 0)
+        n_out = span // s + 1
+        if k <= p0 or (n_out - 1) * s - p0 >= size:
+            raise ShapeError(
+                f"a pool window lies wholly in the padding in dim {d}: size {size}, window {k}, "
+                f"stride {s}, paddings {p0}, {p1}, ceil_mode {attrs['ceil_mode']}"
+            )
+        out.append(n_out)
+    return _PoolGeometry(ksize, strides, pads, (out[0], out[1]), False)
+
+
+def _infer_pool(X: VarInfo, **attrs) -> VarInfo:
+    channel_last = _check_layout(attrs["data_format"])
+    _require_4d(X, "X", "NHWC" if channel_last else "NCHW")
+    _require_float(X, "X")
+    geo = _pool_geometry(_spatial(X.shape, channel_last), attrs)
+    return VarInfo(
+        _with_chw(X.shape[0], _channels(X.shape, channel_last), geo.out_hw, channel_last), X.dtype
+    )
+
+
+def _pool_pads(x_hw, geo: _PoolGeometry) -> tuple[int, int, int, int]:
+    """geo.pads, grown at the far edges to what ceil_mode's last window reaches."""
+    top, bottom, left, right = geo.pads
+    reach_h = (geo.out_hw[0] - 1) * geo.strides[0] + geo.ksize[0]
+    reach_w = (geo.out_hw[1] - 1) * geo.strides[1] + geo.ksize[1]
+    return top, max(bottom, reach_h - top - x_hw[0]), left, max(right, reach_w - left - x_hw[1])
+
+
+def _pool_offsets(geo: _PoolGeometry):
+    return [(i, j) for i in range(geo.ksize[0]) for j in range(geo.ksize[1])]
+
+
+def _window_counts(size: int, k: int, s: int, pad: int, n_out: int) -> np.ndarray:
+    """Per output position, how many input (not padding) elements its window covers."""
+    starts = np.arange(n_out) * s - pad
+    return np.minimum(starts + k, size) - np.maximum(starts, 0)
+
+
+def _avg_divisor(x_hw, geo: _PoolGeometry, exclusive: bool, dtype) -> np.ndarray | float:
+    if not exclusive:
+        return float(geo.ksize[0] * geo.ksize[1])
+    rows = _window_counts(x_hw[0], geo.ksize[0], geo.strides[0], geo.pads[0], geo.out_hw[0])
+    cols = _window_counts(x_hw[1], geo.ksize[1], geo.strides[1], geo.pads[2], geo.out_hw[1])
+    return np.multiply.outer(rows, cols).astype(dtype)
+
+
+def _adaptive_bounds(size: int, n_out: int) -> list[tuple[int, int]]:
+    return [((i * size) // n_out, -((-(i + 1) * size) // n_out)) for i in range(n_out)]
+
+
+def _adaptive_pool(x: np.ndarray, geo: _PoolGeometry, pooling_type: str) -> np.ndarray:
+    n, c, h, w = x.shape
+    out = np.empty((n, c) + geo.out_hw, x.dtype)
+    reduce = np.max if pooling_type == "max" else np.mean
+    for a, (h0, h1) in enumerate(_adaptive_bounds(h, geo.out_hw[0])):
+        for b, (w0, w1) in enumerate(_adaptive_bounds(w, geo.out_hw[1])):
+            out[:, :, a, b] = reduce(x[:, :, h0:h1, w0:w1], axis=(2, 3))
+    return out
+
+
+def _adaptive_pool_grad(x, grad, geo: _PoolGeometry, pooling_type: str) -> np.ndarray:
+    n, c, h, w = x.shape
+    dx = np.zeros_like(x, dtype=grad.dtype)
+    rows, chans = np.indices((n, c))
+    for a, (h0, h1) in enumerate(_adaptive_bounds(h, geo.out_hw[0])):
+        for b, (w0, w1) in enumerate(_adaptive_bounds(w, geo.out_hw[1])):
+            g = grad[:, :, a, b]
+            if pooling_type == "avg":
+                dx[:, :, h0:h1, w0:w1] += (g / ((h1 - h0) * (w1 - w0)))[:, :, None, None]
+                continue
+            # the first maximum of the cell (row-major) takes the gradient, as Fluid's does
+            first = x[:, :, h0:h1, w0:w1].reshape(n, c, -1).argmax(axis=-1)
+            dx[rows, chans, h0 + first // (w1 - w0), w0 + first % (w1 - w0)] += g
+    return dx
+
+
+def _pool(x: np.ndarray, geo: _PoolGeometry, pooling_type: str, exclusive: bool) -> np.ndarray:
+    if geo.adaptive:
+        return _adaptive_pool(x, geo, pooling_type)
+    if pooling_type == "max":
+        xp = _padded(x, _pool_pads(x.shape[2:], geo), -np.inf)
+        out = None
+        for i, j in _pool_offsets(geo):
+            view = _window(xp, i, j, geo.strides, geo.out_hw)
+            out = view.copy() if out is None else np.maximum(out, view, out=out)
+        return out
+    xp = _padded(x, _pool_pads(x.shape[2:], geo), 0.0)
+    out = None
+    for i, j in _pool_offsets(geo):
+        view = _window(xp, i, j, geo.strides, geo.out_hw)
+        out = view.copy() if out is None else np.add(out, view, out=out)
+    out /= _avg_divisor(x.shape[2:], geo, exclusive, x.dtype)
+    return out
+
+
+def _pool_grad(x, out, grad, geo: _PoolGeometry, pooling_type: str, exclusive: bool):
+    if geo.adaptive:
+        return _adaptive_pool_grad(x, grad, geo, pooling_type)
+    top, left = geo.pads[0], geo.pads[2]
+    h, w = x.shape[2:]
+    if pooling_type == "max":
+        # Each window's gradient goes to its first maximum in row-major order (Fluid's rule).
+        xp = _padded(x, _pool_pads(x.shape[2:], geo), -np.inf)
+        dxp = np.zeros(xp.shape, grad.dtype)
+        unclaimed = np.ones(out.shape, bool)
+        for i, j in _pool_offsets(geo):
+            hit = _window(xp, i, j, geo.strides, geo.out_hw) == out
+            hit &= unclaimed
+            unclaimed &= ~hit
+            view = _window(dxp, i, j, geo.strides, geo.out_hw)
+            view += grad * hit
+    else:
+        share = grad / _avg_divisor(x.shape[2:], geo, exclusive, grad.dtype)
+        top, bottom, left, right = _pool_pads((h, w), geo)
+        dxp = np.zeros(x.shape[:2] + (h + top + bottom, w + left + right), grad.dtype)
+        for i, j in _pool_offsets(geo):
+            view = _window(dxp, i, j, geo.strides, geo.out_hw)
+            view += share
+    return dxp[:, :, top : top + h, left : left + w]
+
+
+@register_op
+class pool2d:
+    """Out = max or average over windows of X [N, C, H, W]: ksize windows every `strides`,
+    paddings [pad_h, pad_w] or [top, bottom, left, right] (padding_algorithm "SAME"/"VALID"
+    as Fluid), OH = (H + pads - kh) // stride + 1 (rounded up with ceil_mode).
+
+    Average pooling divides by the window's input elements (`exclusive`, the default) or by
+    kh * kw; global_pooling takes the whole input, adaptive makes an output of size ksize.
+    Max pooling's gradient goes to the first maximum of each window. ShapeError when the
+    window is larger than the padded input or a window lies wholly in the padding."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {
+        "pooling_type": Required(str),
+        "ksize": Required(list),
+        "global_pooling": False,
+        "strides": [1, 1],
+        "paddings": [0, 0],
+        "exclusive": True,
+        "adaptive": False,
+        "ceil_mode": False,
+        "data_format": "NCHW",
+        "padding_algorithm": "EXPLICIT",
+        "use_cudnn": False,
+        "use_mkldnn": False,
+        "use_quantizer": False,
+        "mkldnn_data_type": "float32",
+        "is_test": False,
+    }
+    infer = _infer_pool
+
+    def forward(X, **attrs):
+        channel_last = _check_layout(attrs["data_format"])
+        x = _nchw(X, channel_last)
+        geo = _pool_geometry(x.shape[2:], attrs)
+        return _from_nchw(_pool(x, geo, attrs["pooling_type"], attrs["exclusive"]), channel_last)
+
+    def backward(X, Out, Out_grad, **attrs):
+        channel_last = _check_layout(attrs["data_format"])
+        x = _nchw(X, channel_last)
+        geo = _pool_geometry(x.shape[2:], attrs)
+        out, grad = _nchw(Out, channel_last), _nchw(Out_grad, channel_last)
+        dx = _pool_grad(x, out, grad, geo, attrs["pooling_type"], attrs["exclusive"])
+        return (_from_nchw(dx, channel_last),)
+
+
+# ---- lrn ----
+
+
+def _channel_window_sum(v: np.ndarray, n: int, before: int) -> np.ndarray:
+    """sum_{t < n} v[:, c - before + t] per channel c (zeros outside [0, C))."""
+    c = v.shape[1]
+    padded = np.zeros((v.shape[0], c + n - 1) + v.shape[2:], v.dtype)
+    padded[:, before : before + c] = v
+    total = padded[:, 0:c].copy()
+    for t in range(1, n):
+        total += padded[:, t : t + c]
+    return total
+
+
+@register_op
+class lrn:
+    """Local response normalisation across channels of X [N, C, H, W]:
+    MidOut = k + alpha * sum of X^2 over channels c - (n-1)//2 .. c - (n-1)//2 + n - 1,
+    Out = X * MidOut^-beta (Fluid's lrn: alpha is not divided by n)."""
+
+    inputs, outputs = ("X",), ("Out", "MidOut")
+    attrs = {
+        "n": 5,
+        "k": 2.0,
+        "alpha": 1e-4,
+        "beta": 0.75,
+        "data_format": "AnyLayout",
+        "use_mkldnn": False,
+        "is_test": False,
+    }
+
+    def infer(X, n, k, alpha, beta, data_format, **_hints):
+        channel_last = _check_layout(data_format)
+        _require_4d(X, "X", "NHWC" if channel_last else "NCHW")
+        _require_float(X, "X")
+        if n < 1 or k <= 0 or alpha <= 0 or beta <= 0:
+            raise AttrError(
+                f"lrn needs n >= 1 and k, alpha, beta > 0; got {n}, {k}, {alpha}, {beta}"
+            )
+        return X, X
+
+    def forward(X, n, k, alpha, beta, data_format, **_hints):
+        channel_last = _check_layout(data_format)
+        x = _nchw(X, channel_last)
+        mid = _channel_window_sum(x * x, n, (n - 1) // 2)
+        mid *= alpha
+        mid += k
+        out = x * mid ** np.asarray(-beta, x.dtype)
+        return _from_nchw(out, channel_last), _from_nchw(mid, channel_last)
+
+    def backward(X, Out, MidOut, Out_grad, MidOut_grad, n, k, alpha, beta, data_format, **_hints):
+        # dX_i = g_i mid_i^-beta + 2 alpha X_i sum_{j: i in window(j)} (gm_j - beta g_j Out_j / mid_j)
+        channel_last = _check_layout(data_format)
+        x, out, mid = (_nchw(v, channel_last) for v in (X, Out, MidOut))
+        terms = np.zeros_like(x)
+        if Out_grad is not None:
+            g = _nchw(Out_grad, channel_last)
+            terms -= beta * g * out / mid
+        if MidOut_grad is not None:
+            terms += _nchw(MidOut_grad, channel_last)
+        before = (n - 1) // 2
+        dx = _channel_window_sum(terms, n, n - 1 - before)
+        dx *= 2 * alpha * x
+        if Out_grad is not None:
+            dx += g * mid ** np.asarray(-beta, x.dtype)
+        return (_from_nchw(dx, channel_last),)
+
+
+# ---- flatten ----
+
+
+def _infer_flatten(X: VarInfo, axis: int) -> VarInfo:
+    if not 0 <= axis <= X.ndim:
+        raise AttrError(f"axis must lie in [0, {X.ndim}] for X {list(X.shape)}, got {axis}")
+    lead, rest = X.shape[:axis], X.shape[axis:]
+    rows = -1 if -1 in lead else math.prod(lead)
+    cols = -1 if -1 in rest else math.prod(rest)
+    return VarInfo((rows, cols), X.dtype)
+
+
+def _flattened(X: np.ndarray, axis: int) -> np.ndarray:
+    return X.reshape(math.prod(X.shape[:axis]), math.prod(X.shape[axis:]))
+
+
+@register_op
+class flatten:
+    """Out = X as a matrix [prod(X.shape[:axis]), prod(X.shape[axis:])] (axis in [0, rank])."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {"axis": 1}
+    infer = _infer_flatten
+
+    def forward(X, axis):
+        return _flattened(X, axis)
+
+    def backward(X, Out, Out_grad, axis):
+        return (Out_grad.reshape(X.shape),)
+
+
+@register_op
+class flatten2:
+    """flatten, plus XShape: an empty [0, *X.shape] array recording X's shape (Fluid's
+    flatten2, which fluid.layers.flatten appends)."""
+
+    inputs, outputs = ("X",), ("Out", "XShape")
+    attrs = {"axis": 1}
+
+    def infer(X, axis):
+        return _infer_flatten(X, axis), VarInfo((0,) + X.shape, X.dtype)
+
+    def forward(X, axis):
+        return _flattened(X, axis), np.empty((0,) + X.shape, X.dtype)
+
+    def backward(X, Out, XShape, Out_grad, XShape_grad, axis):
+        return (Out_grad.reshape(X.shape),)

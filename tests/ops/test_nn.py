@@ -1,0 +1,790 @@
+"""Vision ops against NumPy references written per output position (conv2d, depthwise_conv2d,
+conv2d_transpose, pool2d, lrn, flatten, flatten2), float64 numeric gradients for every
+differentiable input, PyTorch's forward and gradients in float64 over grids of settings, and the
+build-time errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import nestflow as nf
+from nestflow.errors import AttrError, DTypeError, NestflowError, ShapeError
+from nestflow.ops.registry import get_op_def
+from tests.ops.harness import OpCase, case_id
+
+rng = np.random.default_rng(1818)
+
+
+def normal(*shape, dtype="float64"):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# ---- NumPy references (Fluid's rules, one output position at a time) ----
+
+
+def four_pads(paddings):
+    return list(paddings) * 1 if len(paddings) == 4 else [paddings[0]] * 2 + [paddings[1]] * 2
+
+
+def same_pads(size, k, s):
+    out = (size + s - 1) // s
+    total = max((out - 1) * s + k - size, 0)
+    return [total // 2, total - total // 2]
+
+
+def conv_settings(x, k_hw, strides, paddings, dilations, padding_algorithm):
+    pads = four_pads(paddings)
+    if padding_algorithm == "VALID":
+        pads = [0, 0, 0, 0]
+    if padding_algorithm == "SAME":
+        pads = same_pads(x.shape[2], k_hw[0], strides[0]) + same_pads(
+            x.shape[3], k_hw[1], strides[1]
+        )
+        dilations = [1, 1]
+    return pads, dilations
+
+
+def ref_conv2d(
+    Input,
+    Filter,
+    strides=(1, 1),
+    paddings=(0, 0),
+    dilations=(1, 1),
+    groups=1,
+    padding_algorithm="EXPLICIT",
+    data_format="NCHW",
+    fuse_relu_before_depthwise_conv=False,
+    **_,
+):
+    x = Input.transpose(0, 3, 1, 2) if data_format == "NHWC" else Input
+    if fuse_relu_before_depthwise_conv:
+        x = np.maximum(x, 0)
+    m, cg, kh, kw = Filter.shape
+    pads, dil = conv_settings(x, (kh, kw), strides, paddings, dilations, padding_algorithm)
+    xp = np.pad(x, ((0, 0), (0, 0), pads[:2], pads[2:]))
+    eh, ew = dil[0] * (kh - 1) + 1, dil[1] * (kw - 1) + 1
+    oh = (xp.shape[2] - eh) // strides[0] + 1
+    ow = (xp.shape[3] - ew) // strides[1] + 1
+    out = np.zeros((x.shape[0], m, oh, ow), x.dtype)
+    mg = m // groups
+    for i, j in itertools.product(range(oh), range(ow)):
+        r, c = i * strides[0], j * strides[1]
+        patch = xp[:, :, r : r + eh : dil[0], c : c + ew : dil[1]]
+        for g in range(groups):
+            out[:, g * mg : (g + 1) * mg, i, j] = np.einsum(
+                "nckl,mckl->nm", patch[:, g * cg : (g + 1) * cg], Filter[g * mg : (g + 1) * mg]
+            )
+    out = out.transpose(0, 2, 3, 1) if data_format == "NHWC" else out
+    return {"Output": out}
+
+
+def ref_conv2d_transpose(
+    Input,
+    Filter,
+    strides=(1, 1),
+    paddings=(0, 0),
+    dilations=(1, 1),
+    groups=1,
+    output_size=(),
+    padding_algorithm="EXPLICIT",
+    data_format="NCHW",
+    **_,
+):
+    x = Input.transpose(0, 3, 1, 2) if data_format == "NHWC" else Input
+    c, mg, kh, kw = Filter.shape
+    pads, dil = conv_settings(x, (kh, kw), strides, paddings, dilations, padding_algorithm)
+    n, _, h, w = x.shape
+    eh, ew = dil[0] * (kh - 1) + 1, dil[1] * (kw - 1) + 1
+    full_h, full_w = (h - 1) * strides[0] + eh, (w - 1) * strides[1] + ew
+    oh = output_size[0] if output_size else full_h - pads[0] - pads[1]
+    ow = output_size[1] if output_size else full_w - pads[2] - pads[3]
+    full = np.zeros((n, mg * groups, pads[0] + oh + full_h, pads[2] + ow + full_w), x.dtype)
+    cg = c // groups
+    for i, j in itertools.product(range(h), range(w)):
+        r, q = i * strides[0], j * strides[1]
+        for g in range(groups):
+            full[:, g * mg : (g + 1) * mg, r : r + eh : dil[0], q : q + ew : dil[1]] += np.einsum(
+                "nc,cmkl->nmkl", x[:, g * cg : (g + 1) * cg, i, j], Filter[g * cg : (g + 1) * cg]
+            )
+    out = full[:, :, pads[0] : pads[0] + oh, pads[2] : pads[2] + ow]
+    out = out.transpose(0, 2, 3, 1) if data_format == "NHWC" else out
+    return {"Output": np.ascontiguousarray(out)}
+
+
+def adaptive_bounds(size, n_out):
+    return [(i * size // n_out, -(-(i + 1) * size // n_out)) for i in range(n_out)]
+
+
+def ref_pool2d(
+    X,
+    pooling_type,
+    ksize,
+    strides=(1, 1),
+    paddings=(0, 0),
+    global_pooling=False,
+    ceil_mode=False,
+    exclusive=True,
+    adaptive=False,
+    padding_algorithm="EXPLICIT",
+    data_format="NCHW",
+    **_,
+):
+    x = X.transpose(0, 3, 1, 2) if data_format == "NHWC" else X
+    n, c, h, w = x.shape
+    pads = four_pads(paddings)
+    if padding_algorithm == "SAME":
+        pads = same_pads(h, ksize[0], strides[0]) + same_pads(w, ksize[1], strides[1])
+    if global_pooling:
+        ksize = [h, w]
+    if global_pooling or adaptive or padding_algorithm == "VALID":
+        pads = [0, 0, 0, 0]
+    if adaptive:
+        rows, cols = adaptive_bounds(h, ksize[0]), adaptive_bounds(w, ksize[1])
+    else:
+        extra = [strides[0] - 1, strides[1] - 1] if ceil_mode else [0, 0]
+        oh = (h - ksize[0] + pads[0] + pads[1] + extra[0]) // strides[0] + 1
+        ow = (w - ksize[1] + pads[2] + pads[3] + extra[1]) // strides[1] + 1
+        rows = [
+            (max(i * strides[0] - pads[0], 0), min(i * strides[0] - pads[0] + ksize[0], h))
+            for i in range(oh)
+        ]
+        cols = [
+            (max(j * strides[1] - pads[2], 0), min(j * strides[1] - pads[2] + ksize[1], w))
+            for j in range(ow)
+        ]
+    out = np.zeros((n, c, len(rows), len(cols)), x.dtype)
+    for (i, (r0, r1)), (j, (c0, c1)) in itertools.product(enumerate(rows), enumerate(cols)):
+        cell = x[:, :, r0:r1, c0:c1]
+        if pooling_type == "max":
+            out[:, :, i, j] = cell.max(axis=(2, 3))
+        else:
+            count = (r1 - r0) * (c1 - c0) if exclusive or adaptive else ksize[0] * ksize[1]
+            out[:, :, i, j] = cell.sum(axis=(2, 3)) / count
+    out = out.transpose(0, 2, 3, 1) if data_format == "NHWC" else out
+    return {"Out": np.ascontiguousarray(out)}
+
+
+def ref_lrn(X, n=5, k=2.0, alpha=1e-4, beta=0.75, data_format="AnyLayout", **_):
+    x = X.transpose(0, 3, 1, 2) if data_format == "NHWC" else X
+    mid = np.full(x.shape, k, x.dtype)
+    channels = x.shape[1]
+    for c in range(channels):
+        for j in range(c - (n - 1) // 2, c - (n - 1) // 2 + n):
+            if 0 <= j < channels:
+                mid[:, c] += alpha * x[:, j] ** 2
+    out = x * mid ** (-beta)
+    if data_format == "NHWC":
+        out, mid = out.transpose(0, 2, 3, 1), mid.transpose(0, 2, 3, 1)
+    return {"Out": np.ascontiguousarray(out), "MidOut": np.ascontiguousarray(mid)}
+
+
+def ref_flatten(X, axis=1):
+    return {"Out": X.reshape(int(np.prod(X.shape[:axis])), int(np.prod(X.shape[axis:])))}
+
+
+def ref_flatten2(X, axis=1):
+    return {**ref_flatten(X, axis), "XShape": np.empty((0,) + X.shape, X.dtype)}
+
+
+# ---- cases ----
+
+
+def conv_case(x_shape, f_shape, attrs, name, op="conv2d", dtype="float64", grad=True):
+    reference = ref_conv2d if op != "conv2d_transpose" else ref_conv2d_transpose
+    loose = dtype == "float32"
+    return OpCase(
+        op,
+        {"Input": normal(*x_shape, dtype=dtype), "Filter": normal(*f_shape, dtype=dtype)},
+        reference,
+        attrs,
+        grad=("Input", "Filter") if grad else (),
+        atol=1e-4 if loose else 1e-9,
+        rtol=1e-4 if loose else 1e-9,
+        grad_atol=1e-5,
+        grad_rtol=1e-5,
+        id=f"{op}-{name}",
+    )
+
+
+CONV_CASES = [
+    conv_case((2, 3, 5, 5), (4, 3, 3, 3), {}, "plain"),
+    conv_case(
+        (2, 3, 7, 6), (4, 3, 3, 2), {"strides": [2, 3], "paddings": [1, 2]}, "odd_stride_pad"
+    ),
+    conv_case((1, 4, 7, 7), (6, 2, 3, 3), {"groups": 2, "dilations": [2, 1]}, "groups_dilation"),
+    conv_case((2, 2, 5, 6), (3, 2, 3, 3), {"paddings": [0, 1, 2, 1]}, "asymmetric_pads"),
+    conv_case((2, 2, 6, 5), (3, 2, 3, 3), {"padding_algorithm": "SAME", "strides": [2, 2]}, "same"),
+    conv_case(
+        (1, 2, 6, 5), (2, 2, 3, 2), {"padding_algorithm": "VALID", "paddings": [4, 4]}, "valid"
+    ),
+    conv_case((2, 5, 4, 3), (2, 3, 3, 2), {"data_format": "NHWC", "paddings": [1, 0]}, "nhwc"),
+    conv_case((2, 3, 1, 1), (2, 3, 1, 1), {}, "size1"),
+    conv_case((3, 4, 5, 5), (5, 4, 1, 1), {}, "1x1"),
+    conv_case((2, 4, 5, 5), (3, 4, 1, 1), {"strides": [2, 2]}, "1x1_stride2"),
+    conv_case((0, 3, 5, 5), (2, 3, 3, 3), {"paddings": [1, 1]}, "empty_batch", grad=False),
+    conv_case(
+        (2, 3, 9, 8),
+        (4, 3, 3, 3),
+        {"strides": [2, 2], "paddings": [1, 1]},
+        "f32",
+        dtype="float32",
+        grad=False,
+    ),
+    conv_case(
+        (2, 3, 5, 5),
+        (6, 1, 3, 3),
+        {"groups": 3, "paddings": [1, 1]},
+        "depthwise",
+        op="depthwise_conv2d",
+    ),
+    conv_case(
+        (2, 2, 4, 4),
+        (2, 1, 3, 3),
+        {"groups": 2, "fuse_relu_before_depthwise_conv": True},
+        "fused_relu",
+        op="depthwise_conv2d",
+    ),
+    conv_case((2, 3, 4, 5), (3, 2, 3, 3), {}, "plain", op="conv2d_transpose"),
+    conv_case(
+        (2, 4, 3, 4),
+        (4, 1, 3, 2),
+        {"strides": [2, 3], "paddings": [1, 0], "groups": 2, "dilations": [1, 2]},
+        "stride_pad_groups_dilation",
+        op="conv2d_transpose",
+    ),
+    conv_case(
+        (1, 2, 3, 3),
+        (2, 2, 3, 3),
+        {"strides": [2, 2], "paddings": [1, 1], "output_size": [6, 5]},
+        "output_size",
+        op="conv2d_transpose",
+    ),
+    conv_case(
+        (2, 2, 3, 4), (2, 3, 2, 2), {"paddings": [1, 0, 0, 1]}, "asymmetric", op="conv2d_transpose"
+    ),
+    conv_case(
+        (2, 3, 4, 2),
+        (2, 2, 3, 3),
+        {"data_format": "NHWC", "strides": [2, 1]},
+        "nhwc",
+        op="conv2d_transpose",
+    ),
+    conv_case(
+        (1, 2, 3, 4),
+        (2, 2, 3, 3),
+        {"padding_algorithm": "SAME", "strides": [2, 2]},
+        "same",
+        op="conv2d_transpose",
+    ),
+    conv_case((2, 1, 1, 1), (1, 2, 1, 1), {}, "size1", op="conv2d_transpose"),
+    conv_case((0, 2, 3, 3), (2, 2, 3, 3), {}, "empty_batch", op="conv2d_transpose", grad=False),
+]
+
+
+def pool_case(x_shape, attrs, name, dtype="float64", grad=True):
+    loose = dtype == "float32"
+    return OpCase(
+        "pool2d",
+        {"X": normal(*x_shape, dtype=dtype)},
+        ref_pool2d,
+        attrs,
+        grad=("X",) if grad else (),
+        atol=1e-5 if loose else 1e-12,
+        rtol=1e-5 if loose else 1e-12,
+        id=f"pool2d-{name}",
+    )
+
+
+def pool_cases():
+    cases = []
+    for kind in ("max", "avg"):
+        base = {"pooling_type": kind}
+        cases += [
+            pool_case((2, 3, 6, 6), {**base, "ksize": [2, 2], "strides": [2, 2]}, f"{kind}-2x2"),
+            pool_case(
+                (2, 2, 7, 5),
+                {**base, "ksize": [3, 2], "strides": [2, 2], "paddings": [1, 1]},
+                f"{kind}-odd_pad",
+            ),
+            pool_case(
+                (1, 2, 7, 6),
+                {**base, "ksize": [3, 3], "strides": [2, 2], "paddings": [1, 1], "ceil_mode": True},
+                f"{kind}-ceil",
+            ),
+            pool_case(
+                (1, 2, 5, 6),
+                {**base, "ksize": [3, 3], "strides": [2, 2], "paddings": [0, 1, 1, 0]},
+                f"{kind}-asymmetric",
+            ),
+            pool_case(
+                (2, 3, 4, 5), {**base, "ksize": [1, 1], "global_pooling": True}, f"{kind}-global"
+            ),
+            pool_case(
+                (2, 2, 7, 5), {**base, "ksize": [3, 2], "adaptive": True}, f"{kind}-adaptive"
+            ),
+            pool_case(
+                (1, 2, 7, 6),
+                {**base, "ksize": [3, 3], "strides": [2, 2], "padding_algorithm": "SAME"},
+                f"{kind}-same",
+            ),
+            pool_case(
+                (1, 5, 4, 3), {**base, "ksize": [2, 2], "data_format": "NHWC"}, f"{kind}-nhwc"
+            ),
+            pool_case((2, 1, 1, 1), {**base, "ksize": [1, 1]}, f"{kind}-size1"),
+            pool_case((0, 2, 4, 4), {**base, "ksize": [2, 2]}, f"{kind}-empty_batch", grad=False),
+            pool_case(
+                (2, 3, 9, 7),
+                {**base, "ksize": [3, 3], "strides": [2, 2], "paddings": [1, 1]},
+                f"{kind}-f32",
+                dtype="float32",
+                grad=False,
+            ),
+        ]
+    cases += [
+        pool_case(
+            (1, 2, 5, 5),
+            {
+                "pooling_type": "avg",
+                "ksize": [3, 3],
+                "strides": [2, 2],
+                "paddings": [1, 1],
+                "exclusive": False,
+            },
+            "avg-inclusive",
+        ),
+        pool_case(
+            (1, 2, 6, 6),
+            {
+                "pooling_type": "avg",
+                "ksize": [3, 3],
+                "strides": [2, 2],
+                "paddings": [1, 1],
+                "exclusive": False,
+                "ceil_mode": True,
+            },
+            "avg-inclusive-ceil",
+        ),
+    ]
+    return cases
+
+
+POOL_CASES = pool_cases()
+
+# Max pooling's gradient goes to the first maximum of a window when several tie (Fluid's rule).
+x_ties = np.zeros((1, 1, 4, 4))
+x_ties[0, 0, 1, 1] = x_ties[0, 0, 2, 3] = -1.0
+POOL_TIES = OpCase(
+    "pool2d",
+    {"X": x_ties},
+    ref_pool2d,
+    {"pooling_type": "max", "ksize": [2, 2], "strides": [2, 2]},
+    id="pool2d-max-ties",
+)
+
+LRN_CASES = [
+    OpCase("lrn", {"X": normal(2, 6, 3, 4)}, ref_lrn, {}, grad=("X",), id="lrn-defaults"),
+    OpCase(
+        "lrn",
+        {"X": normal(2, 4, 3, 3)},
+        ref_lrn,
+        {"n": 3, "k": 1.0, "alpha": 0.5, "beta": 0.6},
+        grad=("X",),
+        id="lrn-strong",
+    ),
+    OpCase(
+        "lrn",
+        {"X": normal(1, 5, 2, 3)},
+        ref_lrn,
+        {"n": 4, "k": 1.5, "alpha": 0.3, "beta": 0.75},
+        grad=("X",),
+        grad_outputs=("Out",),
+        id="lrn-even_n-out_only",
+    ),
+    OpCase(
+        "lrn",
+        {"X": normal(2, 3, 2, 4)},
+        ref_lrn,
+        {"n": 5, "alpha": 0.2, "data_format": "NHWC"},
+        grad=("X",),
+        id="lrn-nhwc",
+    ),
+    OpCase("lrn", {"X": normal(1, 1, 1, 1)}, ref_lrn, {"alpha": 0.5}, grad=("X",), id="lrn-size1"),
+    OpCase("lrn", {"X": normal(0, 3, 2, 2)}, ref_lrn, {}, id="lrn-empty_batch"),
+    OpCase(
+        "lrn",
+        {"X": normal(2, 7, 3, 3, dtype="float32")},
+        ref_lrn,
+        {"alpha": 0.1},
+        atol=1e-6,
+        id="lrn-f32",
+    ),
+]
+
+FLATTEN_CASES = [
+    OpCase(op, {"X": normal(*shape)}, ref, {"axis": axis}, grad=("X",), id=f"{op}-{shape}-{axis}")
+    for op, ref in (("flatten", ref_flatten), ("flatten2", ref_flatten2))
+    for shape, axis in (((2, 3, 4), 1), ((2, 3, 4), 0), ((2, 3, 4), 3), ((3, 1, 2, 2), 2))
+] + [
+    OpCase("flatten2", {"X": normal(0, 3, 2)}, ref_flatten2, {"axis": 1}, id="flatten2-empty"),
+    OpCase(
+        "flatten",
+        {"X": np.arange(6, dtype="int64").reshape(1, 2, 3)},
+        ref_flatten,
+        {"axis": 2},
+        id="flatten-int64",
+    ),
+]
+
+ALL_CASES = CONV_CASES + POOL_CASES + [POOL_TIES] + LRN_CASES + FLATTEN_CASES
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=case_id)
+def test_op(case):
+    case.check()
+
+
+def test_max_pool_ties_route_the_gradient_to_the_first_maximum():
+    grad = run_with_grads(
+        "pool2d",
+        {"X": x_ties},
+        {"pooling_type": "max", "ksize": [2, 2], "strides": [2, 2]},
+        "Out",
+        np.ones((1, 1, 2, 2)),
+    )[1]["X"]
+    expected = np.zeros((4, 4))
+    expected[0, 0] = expected[0, 2] = expected[2, 0] = expected[2, 2] = 1.0
+    np.testing.assert_array_equal(grad[0, 0], expected)
+
+
+# ---- PyTorch in float64: forward and gradients over grids of settings ----
+
+
+def run_with_grads(op_type, inputs, attrs, out_slot, upstream):
+    """Run one op and the gradients of sum(output * upstream) w.r.t. each float input."""
+    main = nf.Program()
+    with nf.program_guard(main, nf.Program()):
+        block = main.global_block()
+        feeds = {slot: nf.data(f"in_{slot}", list(a.shape), a.dtype) for slot, a in inputs.items()}
+        out = append_to(block, op_type, {s: v.name for s, v in feeds.items()}, attrs, out_slot)
+        seed = nf.data("seed", list(upstream.shape), upstream.dtype)
+        grads = nf.gradients([out], list(feeds.values()), target_gradients=[seed])
+    values = nf.Executor().run(
+        main,
+        {**{f"in_{s}": a for s, a in inputs.items()}, "seed": upstream},
+        [out] + grads,
+        nf.Scope(),
+    )
+    return values[0], dict(zip(inputs, values[1:]))
+
+
+def compare_with_torch(torch, op_type, inputs, attrs, out_slot, torch_fn):
+    tensors = {s: torch.tensor(a, requires_grad=True) for s, a in inputs.items()}
+    want = torch_fn(**tensors)
+    upstream = rng.standard_normal(tuple(want.shape))
+    want.backward(torch.from_numpy(upstream))
+    got, grads = run_with_grads(op_type, inputs, attrs, out_slot, upstream)
+    assert got.shape == tuple(want.shape)
+    np.testing.assert_allclose(got, want.detach().numpy(), rtol=0, atol=1e-8)
+    for slot, tensor in tensors.items():
+        np.testing.assert_allclose(
+            grads[slot], tensor.grad.numpy(), rtol=0, atol=1e-8, err_msg=slot
+        )
+
+
+# (stride, padding, dilation, groups, filter size)
+CONV_GRID = list(itertools.product((1, 2, 3), (0, 1, 2), (1, 2), (1, 2, 4), (1, 3)))
+
+
+@pytest.mark.parametrize("stride,padding,dilation,groups,k", CONV_GRID)
+def test_conv2d_matches_torch(stride, padding, dilation, groups, k):
+    torch = pytest.importorskip("torch")
+    x, w = normal(2, 4, 9, 8), normal(8, 4 // groups, k, k)
+    attrs = {
+        "strides": [stride, stride],
+        "paddings": [padding, padding],
+        "dilations": [dilation, dilation],
+        "groups": groups,
+    }
+
+    def conv(Input, Filter):
+        return torch.nn.functional.conv2d(Input, Filter, None, stride, padding, dilation, groups)
+
+    compare_with_torch(torch, "conv2d", {"Input": x, "Filter": w}, attrs, "Output", conv)
+
+
+@pytest.mark.parametrize("multiplier", (1, 2))
+@pytest.mark.parametrize("stride,padding", ((1, 1), (2, 0), (2, 2)))
+def test_depthwise_conv2d_matches_torch(stride, padding, multiplier):
+    torch = pytest.importorskip("torch")
+    x, w = normal(2, 3, 7, 8), normal(3 * multiplier, 1, 3, 3)
+    attrs = {"strides": [stride, stride], "paddings": [padding, padding], "groups": 3}
+
+    def conv(Input, Filter):
+        return torch.nn.functional.conv2d(Input, Filter, None, stride, padding, 1, 3)
+
+    compare_with_torch(torch, "depthwise_conv2d", {"Input": x, "Filter": w}, attrs, "Output", conv)
+
+
+# (stride, padding, dilation, groups, output padding)
+TRANSPOSE_GRID = [
+    setting
+    for setting in itertools.product((1, 2, 3), (0, 1, 2), (1, 2), (1, 2), (0, 1, 2))
+    if setting[4]
+    < setting[0]  # Fluid's output_size adds at most stride - 1 (PyTorch's limit is wider)
+]
+
+
+@pytest.mark.parametrize("stride,padding,dilation,groups,extra", TRANSPOSE_GRID)
+def test_conv2d_transpose_matches_torch(stride, padding, dilation, groups, extra):
+    torch = pytest.importorskip("torch")
+    x, w = normal(2, 4, 5, 4), normal(4, 6 // groups, 3, 3)
+    smallest = [(size - 1) * stride - 2 * padding + dilation * 2 + 1 for size in (5, 4)]
+    attrs = {
+        "strides": [stride, stride],
+        "paddings": [padding, padding],
+        "dilations": [dilation, dilation],
+        "groups": groups,
+    }
+    if extra:
+        attrs["output_size"] = [s + extra for s in smallest]
+
+    def conv_t(Input, Filter):
+        return torch.nn.functional.conv_transpose2d(
+            Input, Filter, None, stride, padding, extra, groups, dilation
+        )
+
+    compare_with_torch(
+        torch, "conv2d_transpose", {"Input": x, "Filter": w}, attrs, "Output", conv_t
+    )
+
+
+def torch_agrees(size, k, stride, padding, ceil_mode, exclusive):
+    """PyTorch's pools follow Fluid's rule here: padding <= k / 2, and for an inclusive
+    average no ceil_mode window reaching past the padding (PyTorch divides by the part of
+    such a window inside the padded input, Fluid by kh * kw)."""
+    if 2 * padding > k:
+        return False
+    span = size + 2 * padding - k + (stride - 1 if ceil_mode else 0)
+    n_out = span // stride + 1
+    if (n_out - 1) * stride - padding >= size:
+        return False  # a window wholly in the padding: a ShapeError here
+    return exclusive or (n_out - 1) * stride + k <= size + 2 * padding
+
+
+# (pool type, k, stride, padding, ceil_mode, exclusive)
+POOL_GRID = [
+    s
+    for s in itertools.product(
+        ("max", "avg"), (2, 3), (1, 2, 3), (0, 1), (False, True), (True, False)
+    )
+    if (s[0] == "avg" or s[5]) and torch_agrees(7, s[1], s[2], s[3], s[4], s[5])
+]
+
+
+@pytest.mark.parametrize("kind,k,stride,padding,ceil_mode,exclusive", POOL_GRID)
+def test_pool2d_matches_torch(kind, k, stride, padding, ceil_mode, exclusive):
+    torch = pytest.importorskip("torch")
+    x = normal(2, 3, 7, 7)
+    attrs = {
+        "pooling_type": kind,
+        "ksize": [k, k],
+        "strides": [stride, stride],
+        "paddings": [padding, padding],
+        "ceil_mode": ceil_mode,
+        "exclusive": exclusive,
+    }
+    F = torch.nn.functional
+
+    def pool(X):
+        if kind == "max":
+            return F.max_pool2d(X, k, stride, padding, ceil_mode=ceil_mode)
+        return F.avg_pool2d(X, k, stride, padding, ceil_mode, count_include_pad=not exclusive)
+
+    compare_with_torch(torch, "pool2d", {"X": x}, attrs, "Out", pool)
+
+
+@pytest.mark.parametrize("kind", ("max", "avg"))
+@pytest.mark.parametrize("out_hw", ((1, 1), (3, 2), (4, 7)))
+def test_adaptive_pool2d_matches_torch(kind, out_hw):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    attrs = {"pooling_type": kind, "ksize": list(out_hw), "adaptive": True}
+    pool = F.adaptive_max_pool2d if kind == "max" else F.adaptive_avg_pool2d
+    compare_with_torch(
+        torch, "pool2d", {"X": normal(2, 3, 7, 5)}, attrs, "Out", lambda X: pool(X, out_hw)
+    )
+
+
+def test_lrn_matches_torch_with_alpha_times_n():
+    torch = pytest.importorskip("torch")
+    attrs = {"n": 5, "k": 1.5, "alpha": 0.02, "beta": 0.75}
+
+    # PyTorch divides alpha by n; Fluid does not.
+    def lrn(X):
+        return torch.nn.functional.local_response_norm(X, 5, alpha=0.02 * 5, beta=0.75, k=1.5)
+
+    compare_with_torch(torch, "lrn", {"X": normal(2, 7, 3, 4)}, attrs, "Out", lrn)
+
+
+# ---- shape inference and build-time errors ----
+
+
+def append_to(block, op_type, inputs, attrs, out_slot):
+    """Append op_type to block with a fresh variable per output slot; returns out_slot's."""
+    outs = {s.name: [block.create_var(f"out_{s.name}").name] for s in get_op_def(op_type).outputs}
+    block.append_op(op_type, {s: [name] for s, name in inputs.items()}, outs, attrs)
+    return block.var(outs[out_slot][0])
+
+
+def append(op_type, shapes, attrs, out_slot, dtype="float32"):
+    """Append op_type over data variables of `shapes` ({slot: shape}); returns out_slot's."""
+    main = nf.Program()
+    with nf.program_guard(main, nf.Program()):
+        block = main.global_block()
+        ins = {s: nf.data(f"in_{s}", list(shape), dtype).name for s, shape in shapes.items()}
+        return append_to(block, op_type, ins, attrs, out_slot)
+
+
+def test_unknown_batch_is_inferred_as_unknown():
+    conv = append(
+        "conv2d", {"Input": [-1, 3, 9, 8], "Filter": [4, 3, 3, 3]}, {"strides": [2, 2]}, "Output"
+    )
+    assert conv.shape == (-1, 4, 4, 3)
+    pool = append("pool2d", {"X": [-1, 3, 9, -1]}, {"pooling_type": "max", "ksize": [2, 2]}, "Out")
+    assert pool.shape == (-1, 3, 8, -1)
+    glob = append(
+        "pool2d",
+        {"X": [-1, 3, -1, -1]},
+        {"pooling_type": "avg", "ksize": [1, 1], "global_pooling": True},
+        "Out",
+    )
+    assert glob.shape == (-1, 3, 1, 1)
+    up = append(
+        "conv2d_transpose",
+        {"Input": [-1, 3, 4, 5], "Filter": [3, 2, 3, 3]},
+        {"strides": [2, 2]},
+        "Output",
+    )
+    assert up.shape == (-1, 2, 9, 11)
+
+
+BAD = [
+    (
+        "conv2d",
+        {"Input": [2, 5, 8, 8], "Filter": [4, 2, 3, 3]},
+        {"groups": 2},
+        ShapeError,
+        ["5 channels", "groups=2", "[4, 2, 3, 3]"],
+    ),
+    (
+        "conv2d",
+        {"Input": [2, 4, 8, 8], "Filter": [3, 2, 3, 3]},
+        {"groups": 2},
+        ShapeError,
+        ["3 output channels", "groups=2"],
+    ),
+    (
+        "conv2d",
+        {"Input": [2, 3, 4, 4], "Filter": [2, 3, 5, 5]},
+        {},
+        ShapeError,
+        ["extent 5", "padded input height 4", "[2, 3, 4, 4]"],
+    ),
+    (
+        "conv2d",
+        {"Input": [2, 3, 8, 8], "Filter": [2, 3, 3, 3]},
+        {"strides": [0, 1]},
+        AttrError,
+        ["strides"],
+    ),
+    (
+        "conv2d",
+        {"Input": [2, 3, 8, 8], "Filter": [2, 3, 3, 3]},
+        {"paddings": [1, -1]},
+        AttrError,
+        ["paddings"],
+    ),
+    (
+        "conv2d",
+        {"Input": [2, 3, 8, 8], "Filter": [2, 3, 3, 3]},
+        {"padding_algorithm": "FULL"},
+        AttrError,
+        ["FULL"],
+    ),
+    ("conv2d", {"Input": [3, 8, 8], "Filter": [2, 3, 3, 3]}, {}, ShapeError, ["4-D", "[3, 8, 8]"]),
+    (
+        "conv2d_transpose",
+        {"Input": [2, 3, 4, 4], "Filter": [4, 2, 3, 3]},
+        {},
+        ShapeError,
+        ["3 channels", "[4, 2, 3, 3]"],
+    ),
+    (
+        "conv2d_transpose",
+        {"Input": [2, 4, 4, 4], "Filter": [4, 2, 3, 3]},
+        {"strides": [2, 2], "output_size": [11, 9]},
+        ShapeError,
+        ["output_size [11, 9]", "[9, 11)"],
+    ),
+    (
+        "pool2d",
+        {"X": [2, 3, 4, 4]},
+        {"pooling_type": "max", "ksize": [7, 2], "paddings": [1, 0]},
+        ShapeError,
+        ["larger than the padded input", "4 + paddings 1 + 1 = 6 < 7"],
+    ),
+    (
+        "pool2d",
+        {"X": [2, 3, 4, 4]},
+        {"pooling_type": "avg", "ksize": [2, 2], "paddings": [2, 2]},
+        ShapeError,
+        ["wholly in the padding"],
+    ),
+    ("pool2d", {"X": [2, 3, 4, 4]}, {"pooling_type": "min", "ksize": [2, 2]}, AttrError, ["'min'"]),
+    ("pool2d", {"X": [2, 3, 4, 4]}, {"pooling_type": "max", "ksize": [0, 2]}, AttrError, ["ksize"]),
+    ("lrn", {"X": [2, 3, 4]}, {}, ShapeError, ["4-D"]),
+    ("lrn", {"X": [2, 3, 4, 4]}, {"n": 0}, AttrError, ["n >= 1"]),
+    ("flatten2", {"X": [2, 3]}, {"axis": 3}, AttrError, ["[0, 2]"]),
+]
+
+
+@pytest.mark.parametrize(
+    "op_type,shapes,attrs,error,words", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)]
+)
+def test_bad_input_is_a_build_time_error_naming_the_problem(op_type, shapes, attrs, error, words):
+    out_slot = {"conv2d": "Output", "conv2d_transpose": "Output"}.get(op_type, "Out")
+    with pytest.raises(error) as info:
+        append(op_type, shapes, attrs, out_slot)
+    text = str(info.value)
+    assert f"op '{op_type}'" in text and "test_nn.py" in text
+    for word in words:
+        assert word in text
+
+
+@pytest.mark.parametrize(
+    "op_type,shapes,attrs,out_slot",
+    [
+        ("conv2d", {"Input": [2, 3, 8, 8], "Filter": [2, 3, 3, 3]}, {}, "Output"),
+        ("conv2d_transpose", {"Input": [2, 3, 8, 8], "Filter": [3, 3, 3, 3]}, {}, "Output"),
+        ("pool2d", {"X": [2, 3, 8, 8]}, {"pooling_type": "avg", "ksize": [2, 2]}, "Out"),
+        ("lrn", {"X": [2, 3, 8, 8]}, {}, "Out"),
+    ],
+)
+def test_integer_input_to_a_float_op_is_a_dtype_error(op_type, shapes, attrs, out_slot):
+    with pytest.raises(DTypeError, match="int64"):
+        append(op_type, shapes, attrs, out_slot, dtype="int64")
+
+
+def test_a_pool_window_beyond_a_runtime_size_fails_at_run_time():
+    main = nf.Program()
+    with nf.program_guard(main, nf.Program()):
+        x = nf.data("x", [-1, 1, -1, -1])
+        out = main.global_block().create_var("out")
+        main.global_block().append_op(
+            "pool2d", {"X": [x.name]}, {"Out": [out.name]}, {"pooling_type": "max", "ksize": [3, 3]}
+        )
+    with pytest.raises(NestflowError, match="larger than the padded input"):
+        nf.Executor().run(main, {"x": np.zeros((1, 1, 2, 2), "float32")}, [out], nf.Scope())
