@@ -8,14 +8,22 @@ from typing import Any
 
 import numpy as np
 
-from nestflow.core.dtype import dtype_name
-from nestflow.errors import AttrError, ControlFlowError, DTypeError, ShapeError
+from nestflow.core.dtype import dtype_name, is_floating
+from nestflow.errors import (
+    AttrError,
+    ControlFlowError,
+    DTypeError,
+    NestflowError,
+    OpLocation,
+    ShapeError,
+)
 from nestflow.framework import unique_name
 from nestflow.framework.program import (
     Block,
     VarDesc,
     default_main_program,
     default_startup_program,
+    user_source_line,
 )
 from nestflow.layers.initializer import Constant, Initializer, ParamAttr, Xavier
 
@@ -50,6 +58,24 @@ def as_int(value: Any, what: str) -> int:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return int(value)
     raise AttrError(f"{what} must be an int, got {type(value).__name__} ({value!r})")
+
+
+def layer_error(kind: type[NestflowError], layer: str, message: str) -> NestflowError:
+    """An error a layer finds before appending its op, located at the user's source line."""
+    return kind(message, location=OpLocation(layer, source=user_source_line()))
+
+
+def require_float_input(input: VarDesc, layer: str) -> None:
+    """DTypeError unless `input` is floating point: `layer` makes float parameters (of the
+    input's dtype) that the input is multiplied with, so an integer input would give integer
+    parameters and truncated results."""
+    if not is_floating(input.dtype):
+        raise layer_error(
+            DTypeError,
+            layer,
+            f"input '{input.name}' is {input.dtype}{list(input.shape)}; {layer} makes float "
+            "parameters and needs a floating-point input (cast it first)",
+        )
 
 
 def current_block() -> Block:

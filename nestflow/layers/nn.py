@@ -22,6 +22,7 @@ from nestflow.layers.helper import (
     current_block,
     literal_array,
     parameter_from_attr,
+    require_float_input,
     zeros_initializer,
 )
 from nestflow.layers.initializer import Xavier
@@ -94,8 +95,10 @@ def fc(
     """act(flatten(input) @ W + b) with W [in_features, size] (Xavier) and b [size] (zeros).
 
     Parameters are named `<name>.w` and `<name>.b` (name defaults to a unique `fc_N`).
+    DTypeError for an integer `input` (its parameters would be integers too).
     """
     size = as_int(size, "fc: size")
+    require_float_input(input, "fc")
     prefix = name or unique_name.generate("fc")
     in_features = 1
     for d in input.shape[num_flatten_dims:]:

@@ -1,5 +1,384 @@
-"""Vision layers (NCHW): conv2d, conv2d_transpose, pool2d, lrn, flatten."""
+"""Vision layers (NCHW): conv2d, conv2d_transpose, pool2d, lrn, flatten (Fluid 1.8's arguments
+and defaults).
+
+A convolution layer appends its conv op over a filter parameter `<name>.w` and, unless
+bias_attr is False, an elementwise_add of a bias `<name>.b` [num_filters] along the channel
+axis, then the activation. What the layer can check before making parameters (dtype, rank,
+channels against groups, sizes) it checks first, so a rejected layer leaves no parameter behind.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from collections.abc import Sequence
+from typing import Any
+
+from nestflow.errors import AttrError, ShapeError
+from nestflow.framework import unique_name
+from nestflow.framework.program import VarDesc
+from nestflow.layers.helper import (
+    append_op,
+    as_float,
+    as_int,
+    layer_error,
+    parameter_from_attr,
+    require_float_input,
+    zeros_initializer,
+)
+from nestflow.layers.initializer import Normal, Xavier
+from nestflow.layers.nn import activation
+
+__all__ = ["conv2d", "conv2d_transpose", "flatten", "lrn", "pool2d"]
+
+
+def _pair(value: Any, layer: str, what: str, low: int = 1) -> list[int]:
+    """Fluid's convert_to_list(value, 2): an int for both dims, or two ints (each >= low)."""
+    values = [value, value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if (
+        not isinstance(values, (list, tuple))
+        or len(values) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values)
+    ):
+        raise layer_error(
+            AttrError, layer, f"{what} must be an int or 2 ints, each >= {low}; got {value!r}"
+        )
+    return list(values)
+
+
+def _padding(padding: Any, data_format: str, layer: str) -> tuple[list[int], str]:
+    """Fluid's padding spellings -> (paddings attr, padding_algorithm): "SAME"/"VALID"; an int;
+    [pad_h, pad_w]; [top, bottom, left, right]; or 4 pairs per NCHW/NHWC dim with zeros for
+    the batch and channel dims."""
+    if isinstance(padding, str):
+        algorithm = padding.upper()
+        if algorithm not in ("SAME", "VALID"):
+            raise layer_error(
+                AttrError, layer, f"padding must be 'SAME', 'VALID' or sizes, got {padding!r}"
+            )
+        return [0, 0], algorithm
+    if (
+        isinstance(padding, (list, tuple))
+        and len(padding) == 4
+        and all(isinstance(p, (list, tuple)) for p in padding)
+    ):
+        spatial = (2, 3) if data_format == "NCHW" else (1, 2)
+        others = [list(padding[d]) for d in range(4) if d not in spatial]
+        if others != [[0, 0], [0, 0]]:
+            raise layer_error(
+                AttrError,
+                layer,
+                f"padding {padding!r} pads the batch or channel dims; only height and width "
+                "may be padded",
+            )
+        padding = [p for d in spatial for p in padding[d]]
+    if isinstance(padding, (list, tuple)) and len(padding) == 4:
+        if any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in padding):
+            raise layer_error(AttrError, layer, f"padding must hold ints >= 0, got {padding!r}")
+        if padding[0] == padding[1] and padding[2] == padding[3]:
+            return [padding[0], padding[2]], "EXPLICIT"
+        return list(padding), "EXPLICIT"
+    return _pair(padding, layer, "padding", low=0), "EXPLICIT"
+
+
+def _image_input(input: VarDesc, data_format: str, layer: str) -> int:
+    """Checks a 4-D float image input; returns its channel count (which must be known)."""
+    require_float_input(input, layer)
+    if data_format not in ("NCHW", "NHWC"):
+        raise layer_error(
+            AttrError, layer, f"data_format must be 'NCHW' or 'NHWC', got {data_format!r}"
+        )
+    if input.ndim != 4:
+        raise layer_error(
+            ShapeError,
+            layer,
+            f"input '{input.name}' {list(input.shape)} must be a 4-D {data_format} image batch",
+        )
+    channels = input.shape[1] if data_format == "NCHW" else input.shape[3]
+    if channels < 1:
+        raise layer_error(
+            ShapeError,
+            layer,
+            f"input '{input.name}' {list(input.shape)} needs a known channel count ({data_format})",
+        )
+    return channels
+
+
+def _groups(groups: Any, channels: int, num_filters: int, input: VarDesc, layer: str) -> int:
+    groups = 1 if groups is None else as_int(groups, f"{layer}: groups")
+    if groups < 1:
+        raise layer_error(AttrError, layer, f"groups must be >= 1, got {groups}")
+    if channels % groups:
+        raise layer_error(
+            ShapeError,
+            layer,
+            f"the {channels} channels of input '{input.name}' {list(input.shape)} do not "
+            f"divide by groups={groups}",
+        )
+    if num_filters % groups:
+        raise layer_error(
+            ShapeError, layer, f"num_filters={num_filters} does not divide by groups={groups}"
+        )
+    return groups
+
+
+def _biased(out: VarDesc, bias_attr: Any, num_filters: int, data_format: str, prefix: str):
+    """out + bias [num_filters] along the channel axis, unless bias_attr is False."""
+    b = parameter_from_attr(bias_attr, [num_filters], out.dtype, f"{prefix}.b", zeros_initializer())
+    if b is None:
+        return out
+    axis = 1 if data_format == "NCHW" else 3
+    return append_op("elementwise_add", {"X": out, "Y": b}, {"axis": axis}, name=prefix)
+
+
+def conv2d(
+    input: VarDesc,
+    num_filters: int,
+    filter_size: int | Sequence[int],
+    stride: int | Sequence[int] = 1,
+    padding: int | str | Sequence = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int | None = None,
+    param_attr: Any = None,
+    bias_attr: Any = None,
+    use_cudnn: bool = True,
+    act: str | None = None,
+    name: str | None = None,
+    data_format: str = "NCHW",
+) -> VarDesc:
+    """act(conv2d(input, W) + b): input [N, C, H, W] (or NHWC) floating point, W
+    [num_filters, C / groups, kh, kw] initialised N(0, sqrt(2 / (kh * kw * C))) as Fluid's
+    default, b [num_filters] zeros. `padding`: an int, [pad_h, pad_w], [top, bottom, left,
+    right] or "SAME"/"VALID". Appends depthwise_conv2d when groups == C, num_filters is a
+    multiple of C and use_cudnn is False (Fluid's choice), conv2d otherwise.
+
+    Raises DTypeError for a non-float input; ShapeError when the channels or num_filters do
+    not divide by groups or the filter is larger than the padded input; AttrError for
+    non-positive sizes.
+
+    >>> import nestflow as nf
+    >>> x = nf.data("x", [-1, 3, 32, 32])
+    >>> nf.layers.conv2d(x, 8, 3, padding=1, act="relu").shape
+    (-1, 8, 32, 32)
+    """
+    layer = "conv2d"
+    channels = _image_input(input, data_format, layer)
+    num_filters = as_int(num_filters, "conv2d: num_filters")
+    if num_filters < 1:
+        raise layer_error(AttrError, layer, f"num_filters must be >= 1, got {num_filters}")
+    groups = _groups(groups, channels, num_filters, input, layer)
+    filter_size = _pair(filter_size, layer, "filter_size")
+    stride = _pair(stride, layer, "stride")
+    dilation = _pair(dilation, layer, "dilation")
+    paddings, algorithm = _padding(padding, data_format, layer)
+    prefix = name or unique_name.generate("conv2d")
+    op_type = "conv2d"
+    if channels == groups and num_filters % channels == 0 and not use_cudnn:
+        op_type = "depthwise_conv2d"
+    std = (2.0 / (filter_size[0] * filter_size[1] * channels)) ** 0.5
+    shape = [num_filters, channels // groups] + filter_size
+    attrs = {
+        "strides": stride,
+        "paddings": paddings,
+        "padding_algorithm": algorithm,
+        "dilations": dilation,
+        "groups": groups,
+        "use_cudnn": bool(use_cudnn),
+        "data_format": data_format,
+    }
+    return _conv_layer(
+        op_type, input, shape, attrs, param_attr, bias_attr, Normal(0.0, std), act, prefix
+    )
+
+
+def _conv_layer(op_type, input, shape, attrs, param_attr, bias_attr, init, act, prefix):
+    if param_attr is False:
+        raise layer_error(AttrError, op_type, "param_attr cannot be False: the op needs a filter")
+    w = parameter_from_attr(param_attr, shape, input.dtype, f"{prefix}.w", init)
+    out = append_op(op_type, {"Input": input, "Filter": w}, attrs, ("Output",), name=prefix)
+    num_filters = out.shape[1] if attrs["data_format"] == "NCHW" else out.shape[3]
+    return activation(_biased(out, bias_attr, num_filters, attrs["data_format"], prefix), act)
+
+
+def conv2d_transpose(
+    input: VarDesc,
+    num_filters: int,
+    output_size: int | Sequence[int] | None = None,
+    filter_size: int | Sequence[int] | None = None,
+    padding: int | str | Sequence = 0,
+    stride: int | Sequence[int] = 1,
+    dilation: int | Sequence[int] = 1,
+    groups: int | None = None,
+    param_attr: Any = None,
+    bias_attr: Any = None,
+    use_cudnn: bool = True,
+    act: str | None = None,
+    name: str | None = None,
+    data_format: str = "NCHW",
+) -> VarDesc:
+    """act(conv2d_transpose(input, W) + b): input [N, C, H, W] (or NHWC) floating point, W
+    [C, num_filters / groups, kh, kw] (Xavier), b [num_filters] zeros. Output height
+    (H - 1) * stride - pad_top - pad_bottom + dilation * (kh - 1) + 1, or `output_size`
+    (at most stride - 1 more). With filter_size None it is derived from output_size, as in
+    Fluid. Appends depthwise_conv2d_transpose when groups == C == num_filters and use_cudnn is
+    False. Errors as conv2d's; AttrError when both filter_size and output_size are None.
+
+    >>> import nestflow as nf
+    >>> x = nf.data("x", [-1, 4, 7, 7])
+    >>> nf.layers.conv2d_transpose(x, 2, filter_size=3, stride=2, padding=1).shape
+    (-1, 2, 13, 13)
+    """
+    layer = "conv2d_transpose"
+    channels = _image_input(input, data_format, layer)
+    num_filters = as_int(num_filters, "conv2d_transpose: num_filters")
+    if num_filters < 1:
+        raise layer_error(AttrError, layer, f"num_filters must be >= 1, got {num_filters}")
+    groups = _groups(groups, channels, num_filters, input, layer)
+    stride = _pair(stride, layer, "stride")
+    dilation = _pair(dilation, layer, "dilation")
+    paddings, algorithm = _padding(padding, data_format, layer)
+    four = paddings * 1 if len(paddings) == 4 else [paddings[0]] * 2 + [paddings[1]] * 2
+    if output_size is not None:
+        output_size = _pair(output_size, layer, "output_size")
+    if filter_size is None:
+        if output_size is None:
+            raise layer_error(
+                AttrError, layer, "output_size must be given when filter_size is None"
+            )
+        in_hw = input.shape[2:] if data_format == "NCHW" else input.shape[1:3]
+        if min(in_hw) < 1:
+            raise layer_error(
+                ShapeError,
+                layer,
+                f"filter_size None needs the known height and width of input '{input.name}' "
+                f"{list(input.shape)}",
+            )
+        filter_size = [
+            (output_size[d] - (in_hw[d] - 1) * stride[d] + four[2 * d] + four[2 * d + 1] - 1)
+            // dilation[d]
+            + 1
+            for d in range(2)
+        ]
+    filter_size = _pair(filter_size, layer, "filter_size")
+    prefix = name or unique_name.generate("conv2d_transpose")
+    op_type = layer
+    if channels == groups == num_filters and not use_cudnn:
+        op_type = "depthwise_conv2d_transpose"
+    attrs = {
+        "output_size": output_size or [],
+        "strides": stride,
+        "paddings": paddings,
+        "padding_algorithm": algorithm,
+        "dilations": dilation,
+        "groups": groups,
+        "use_cudnn": bool(use_cudnn),
+        "data_format": data_format,
+    }
+    shape = [channels, num_filters // groups] + filter_size
+    return _conv_layer(op_type, input, shape, attrs, param_attr, bias_attr, Xavier(), act, prefix)
+
+
+def pool2d(
+    input: VarDesc,
+    pool_size: int | Sequence[int] = -1,
+    pool_type: str = "max",
+    pool_stride: int | Sequence[int] = 1,
+    pool_padding: int | str | Sequence = 0,
+    global_pooling: bool = False,
+    use_cudnn: bool = True,
+    ceil_mode: bool = False,
+    name: str | None = None,
+    exclusive: bool = True,
+    data_format: str = "NCHW",
+) -> VarDesc:
+    """Max or average pooling of input [N, C, H, W] (or NHWC) over pool_size windows every
+    pool_stride, padded by pool_padding (spelled as conv2d's padding); global_pooling pools the
+    whole image; ceil_mode rounds the output size up; `exclusive` averages over the window's
+    input elements only (padding left out).
+
+    Raises AttrError for an unknown pool_type, a missing pool_size (without global_pooling),
+    "VALID" with ceil_mode or non-positive sizes; DTypeError for a non-float input; ShapeError
+    when the window is larger than the padded input.
+
+    >>> import nestflow as nf
+    >>> x = nf.data("x", [-1, 3, 28, 28])
+    >>> nf.layers.pool2d(x, pool_size=2, pool_stride=2).shape
+    (-1, 3, 14, 14)
+    """
+    layer = "pool2d"
+    if pool_type not in ("max", "avg"):
+        raise layer_error(AttrError, layer, f"pool_type must be 'max' or 'avg', got {pool_type!r}")
+    _image_input(input, data_format, layer)
+    if not global_pooling and pool_size == -1:
+        raise layer_error(AttrError, layer, "pool_size must be given when global_pooling is False")
+    pool_size = [-1, -1] if pool_size == -1 else _pair(pool_size, layer, "pool_size")
+    pool_stride = _pair(pool_stride, layer, "pool_stride")
+    paddings, algorithm = _padding(pool_padding, data_format, layer)
+    if algorithm == "VALID" and ceil_mode:
+        raise layer_error(AttrError, layer, 'pool_padding "VALID" needs ceil_mode False')
+    attrs = {
+        "pooling_type": pool_type,
+        "ksize": pool_size,
+        "global_pooling": bool(global_pooling),
+        "strides": pool_stride,
+        "paddings": paddings,
+        "padding_algorithm": algorithm,
+        "use_cudnn": bool(use_cudnn),
+        "ceil_mode": bool(ceil_mode),
+        "exclusive": bool(exclusive),
+        "data_format": data_format,
+    }
+    return append_op("pool2d", {"X": input}, attrs, name=name or "pool2d")
+
+
+def lrn(
+    input: VarDesc,
+    n: int = 5,
+    k: float = 1.0,
+    alpha: float = 1e-4,
+    beta: float = 0.75,
+    name: str | None = None,
+    data_format: str = "NCHW",
+) -> VarDesc:
+    """Local response normalisation across channels: input / (k + alpha * sum of input^2 over
+    n neighbouring channels)^beta, input [N, C, H, W] (or NHWC) floating point. As Fluid's,
+    alpha is not divided by n. AttrError for n < 1 or k, alpha, beta <= 0; ShapeError for a
+    rank other than 4.
+
+    >>> import nestflow as nf
+    >>> x = nf.data("x", [-1, 8, 5, 5])
+    >>> nf.layers.lrn(x).shape
+    (-1, 8, 5, 5)
+    """
+    layer = "lrn"
+    _image_input(input, data_format, layer)
+    attrs = {
+        "n": as_int(n, "lrn: n"),
+        "k": as_float(k, "lrn: k"),
+        "alpha": as_float(alpha, "lrn: alpha"),
+        "beta": as_float(beta, "lrn: beta"),
+        "data_format": data_format,
+    }
+    prefix = name or "lrn"
+    out, mid = append_op("lrn", {"X": input}, attrs, ("Out", "MidOut"), name=prefix)
+    mid.stop_gradient = True
+    return out
+
+
+def flatten(x: VarDesc, axis: int = 1, name: str | None = None) -> VarDesc:
+    """x as a matrix [prod(x.shape[:axis]), prod(x.shape[axis:])], axis in [0, rank]
+    (-1 where a flattened dim is unknown). Appends Fluid's flatten2. AttrError for an axis out
+    of range.
+
+    >>> import nestflow as nf
+    >>> x = nf.data("x", [-1, 16, 4, 4])
+    >>> nf.layers.flatten(x).shape
+    (-1, 256)
+    """
+    if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis <= x.ndim:
+        raise layer_error(
+            AttrError,
+            "flatten",
+            f"axis must be an int in [0, {x.ndim}] for x '{x.name}' {list(x.shape)}, got {axis!r}",
+        )
+    out, xshape = append_op("flatten2", {"X": x}, {"axis": axis}, ("Out", "XShape"), name=name)
+    xshape.stop_gradient = True
+    return out

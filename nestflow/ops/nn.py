@@ -482,6 +482,19 @@ class conv2d_transpose:
         return dx, dw
 
 
+@register_op
+class depthwise_conv2d_transpose:
+    """conv2d_transpose with groups == input channels == output channels (the op Fluid's
+    conv2d_transpose layer appends then when use_cudnn is False). Same slots, attrs and
+    results as conv2d_transpose."""
+
+    inputs, outputs = ("Input", "Filter"), ("Output",)
+    attrs = _CONV2D_TRANSPOSE_ATTRS
+    infer = _infer_conv_transpose
+    forward = conv2d_transpose.forward
+    backward = conv2d_transpose.backward
+
+
 # ---- pool2d ----
 
 

@@ -193,7 +193,7 @@ def ref_flatten2(X, axis=1):
 
 
 def conv_case(x_shape, f_shape, attrs, name, op="conv2d", dtype="float64", grad=True):
-    reference = ref_conv2d if op != "conv2d_transpose" else ref_conv2d_transpose
+    reference = ref_conv2d_transpose if op.endswith("_transpose") else ref_conv2d
     loose = dtype == "float32"
     return OpCase(
         op,
@@ -280,6 +280,13 @@ CONV_CASES = [
         op="conv2d_transpose",
     ),
     conv_case((2, 1, 1, 1), (1, 2, 1, 1), {}, "size1", op="conv2d_transpose"),
+    conv_case(
+        (2, 3, 3, 4),
+        (3, 1, 3, 3),
+        {"groups": 3, "strides": [2, 2], "paddings": [1, 1]},
+        "depthwise",
+        op="depthwise_conv2d_transpose",
+    ),
     conv_case((0, 2, 3, 3), (2, 2, 3, 3), {}, "empty_batch", op="conv2d_transpose", grad=False),
 ]
 
