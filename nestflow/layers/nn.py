@@ -26,6 +26,7 @@ from nestflow.layers.helper import (
     zeros_initializer,
 )
 from nestflow.layers.initializer import Xavier
+from nestflow.ops.activation import ACTIVATIONS
 
 Number = (int, float)
 
@@ -119,9 +120,15 @@ def fc(
 
 
 def activation(x: VarDesc, act: str | None) -> VarDesc:
+    """x through `act`: None (x itself) or an activation op's name (relu, sigmoid, tanh,
+    softmax, gelu, leaky_relu, elu, swish, softplus, ...; its attrs at their defaults).
+    Another name is an AttrError listing them."""
     if act is None:
         return x
-    return append_op(act.lower(), {"X": x})
+    op_type = act.lower() if isinstance(act, str) else act
+    if op_type not in ACTIVATIONS:
+        raise AttrError(f"act={act!r} is not an activation; act takes one of {sorted(ACTIVATIONS)}")
+    return append_op(op_type, {"X": x})
 
 
 def _binary(op_type: str, x: VarDesc, y: Any, axis: int = -1, name: str | None = None):

@@ -1,17 +1,31 @@
-"""Activations: relu, sigmoid, tanh, softmax.
+"""Activations and elementwise math of one input: relu, sigmoid, tanh, softmax, exp, log, sqrt,
+rsqrt, abs, pow, clip, leaky_relu, elu, gelu, softplus, softsign, swish, hard_sigmoid.
 
-NumPy ufuncs return scalars for 0-d arrays, hence the np.asarray around elementwise results.
+Slots (X -> Out), attrs and defaults are Fluid 1.8's. Every op here but relu and abs is
+float-only: its kernel makes floats and Out has X's dtype, so a non-float X is a DTypeError
+when the op is appended.
+
+NumPy ufuncs return scalars for 0-d arrays, hence the np.asarray around elementwise results,
+and `specialize` offers a bare ufunc (no Python frame per call) only when X has rank >= 1.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
 from nestflow.core.dtype import is_floating
-from nestflow.errors import DTypeError
-from nestflow.ops.registry import VarInfo, fail, numeric_same_as, register_op
+from nestflow.errors import AttrError, DTypeError
+from nestflow.ops.registry import (
+    Required,
+    VarInfo,
+    fail,
+    numeric_same_as,
+    register_op,
+    registered_ops,
+)
 
 
 def _require_float(X: VarInfo, op: str) -> VarInfo:
@@ -19,6 +33,30 @@ def _require_float(X: VarInfo, op: str) -> VarInfo:
     if not is_floating(X.dtype):
         raise DTypeError(f"{op} needs a floating-point X, got {X.dtype}; cast it first")
     return X
+
+
+def _float_only(op: str):
+    """infer: Out is shaped like X, which must be floating point."""
+
+    def infer(X, **_attrs):
+        return _require_float(X, op)
+
+    return infer
+
+
+def _bare(kernel):
+    """specialize: `kernel` itself (a ufunc, or a function taking `out=`) for X of rank >= 1."""
+
+    def specialize(X, **_attrs):
+        return kernel if X is not None and X.ndim else None
+
+    return specialize
+
+
+def _constant(value: float, dtype) -> np.ndarray:
+    # A 0-d array of X's dtype: given a Python number, a ufunc resolves the operand type on
+    # every call, which doubles its cost on small arrays.
+    return np.asarray(value, dtype)
 
 
 @register_op
@@ -32,7 +70,9 @@ class relu:
 
     def specialize(X):
         # maximum(0, X) as a C-level partial: no Python frame per call.
-        return functools.partial(np.maximum, 0) if X is not None and X.ndim else None
+        if X is None or not X.ndim:
+            return None
+        return functools.partial(np.maximum, _constant(0, X.dtype))
 
     def forward(X):
         return np.asarray(np.maximum(X, 0))
@@ -49,9 +89,7 @@ class sigmoid:
 
     inputs, outputs = ("X",), ("Out",)
     grad_inplace = {"X@GRAD": "Out@GRAD"}
-
-    def infer(X):
-        return _require_float(X, "sigmoid")
+    infer = _float_only("sigmoid")
 
     def forward(X):
         # tanh form: no overflow warning for large |X|, same value as 1/(1+exp(-X)).
@@ -71,12 +109,8 @@ class tanh:
     inputs, outputs = ("X",), ("Out",)
     inplace = {"Out": "X"}
     grad_inplace = {"X@GRAD": "Out@GRAD"}
-
-    def infer(X):
-        return _require_float(X, "tanh")
-
-    def specialize(X):
-        return np.tanh if X is not None and X.ndim else None
+    infer = _float_only("tanh")
+    specialize = _bare(np.tanh)
 
     def forward(X):
         return np.asarray(np.tanh(X))
@@ -105,3 +139,343 @@ class softmax:
 
     def backward(X, Out, Out_grad, axis):
         return (Out * (Out_grad - (Out_grad * Out).sum(axis=axis, keepdims=True)),)
+
+
+# ---- exponentials, logarithms, roots, powers ----
+
+
+@register_op
+class exp:
+    """Out = e ** X."""
+
+    inputs, outputs = ("X",), ("Out",)
+    inplace = {"Out": "X"}
+    grad_inplace = {"X@GRAD": "Out@GRAD"}
+    infer = _float_only("exp")
+    specialize = _bare(np.exp)
+
+    def forward(X):
+        return np.asarray(np.exp(X))
+
+    def backward(X, Out, Out_grad, out=None):
+        return (np.asarray(np.multiply(Out_grad, Out, out=out if Out.ndim else None)),)
+
+
+@register_op
+class log:
+    """Out = ln(X) (-inf at 0, NaN below, as NumPy's log)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    inplace = {"Out": "X"}
+    infer = _float_only("log")
+    specialize = _bare(np.log)
+
+    def forward(X):
+        return np.asarray(np.log(X))
+
+    def backward(X, Out, Out_grad):
+        return (np.asarray(Out_grad / X),)
+
+
+@register_op
+class sqrt:
+    """Out = X ** 0.5."""
+
+    inputs, outputs = ("X",), ("Out",)
+    inplace = {"Out": "X"}
+    infer = _float_only("sqrt")
+    specialize = _bare(np.sqrt)
+
+    def forward(X):
+        return np.asarray(np.sqrt(X))
+
+    def backward(X, Out, Out_grad):
+        return (np.asarray(Out_grad * 0.5 / Out),)
+
+
+def _rsqrt(X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    root = np.sqrt(X, out=out)
+    return np.divide(1.0, root, out=root)
+
+
+@register_op
+class rsqrt:
+    """Out = 1 / sqrt(X)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    inplace = {"Out": "X"}
+    infer = _float_only("rsqrt")
+    specialize = _bare(_rsqrt)
+
+    def forward(X):
+        return np.asarray(1.0 / np.sqrt(X), X.dtype)
+
+    def backward(X, Out, Out_grad):
+        return (np.asarray(Out_grad * -0.5 * Out * Out * Out),)
+
+
+@register_op
+class abs:
+    """Out = |X|. Integers keep their dtype; the gradient at X = 0 is 0 (sign(0))."""
+
+    inputs, outputs = ("X",), ("Out",)
+    inplace = {"Out": "X"}
+    infer = numeric_same_as(0)
+    specialize = _bare(np.absolute)
+
+    def forward(X):
+        return np.asarray(np.absolute(X))
+
+    def backward(X, Out, Out_grad):
+        return (np.asarray(Out_grad * np.sign(X)),)
+
+
+@register_op
+class pow:
+    """Out = X ** factor; FactorTensor (a float tensor of one element), when given, replaces
+    the `factor` attribute (Fluid 1.8; it gets no gradient)."""
+
+    inputs, outputs = ("X", "FactorTensor?"), ("Out",)
+    attrs = {"factor": 1.0}
+    no_grad_inputs = ("FactorTensor",)
+    inplace = {"Out": "X"}
+
+    def infer(X, FactorTensor, factor):
+        if FactorTensor is not None:
+            if not is_floating(FactorTensor.dtype):
+                raise DTypeError(f"FactorTensor must be floating point, got {FactorTensor.dtype}")
+            if -1 not in FactorTensor.shape and int(np.prod(FactorTensor.shape)) != 1:
+                fail(f"FactorTensor must hold one element, got shape {list(FactorTensor.shape)}")
+        return _require_float(X, "pow")
+
+    def specialize(X, FactorTensor, factor):
+        if X is None or not X.ndim or FactorTensor is not None:
+            return None
+        exponent = _constant(factor, X.dtype)
+
+        def power(X, FactorTensor, out=None):
+            return np.power(X, exponent, out=out)
+
+        return power
+
+    def forward(X, FactorTensor, factor):
+        return np.asarray(np.power(X, _exponent(X, FactorTensor, factor)))
+
+    def backward(X, FactorTensor, Out, Out_grad, factor):
+        f = _exponent(X, FactorTensor, factor)
+        return (np.asarray(Out_grad * f * np.power(X, f - 1)),)
+
+
+def _exponent(X: np.ndarray, factor_tensor: np.ndarray | None, factor: float) -> np.ndarray:
+    value = factor if factor_tensor is None else float(np.asarray(factor_tensor).reshape(-1)[0])
+    return _constant(value, X.dtype)
+
+
+# ---- piecewise: clip, leaky_relu, elu, hard_sigmoid ----
+
+
+@register_op
+class clip:
+    """Out = min(max(X, min), max). The gradient passes where min < X < max (strictly), as
+    Fluid's; min > max is an AttrError."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {"min": Required(float), "max": Required(float)}
+    inplace = {"Out": "X"}
+
+    def infer(X, min, max):
+        if min > max:
+            raise AttrError(f"clip needs min <= max, got min={min} and max={max}")
+        return _require_float(X, "clip")
+
+    def specialize(X, min, max):
+        if X is None or not X.ndim:
+            return None
+        low, high = _constant(min, X.dtype), _constant(max, X.dtype)
+
+        def clipped(X, out=None):
+            out = np.maximum(X, low, out=out)
+            return np.minimum(out, high, out=out)
+
+        return clipped
+
+    def forward(X, min, max):
+        low, high = _constant(min, X.dtype), _constant(max, X.dtype)
+        return np.asarray(np.minimum(np.maximum(X, low), high))
+
+    def backward(X, Out, Out_grad, min, max):
+        return (np.asarray(Out_grad * ((X > min) & (X < max))),)
+
+
+@register_op
+class leaky_relu:
+    """Out = max(X, alpha * X) (Fluid 1.8's formula: X where X > 0, alpha * X elsewhere for
+    alpha <= 1). The gradient is that of this formula; at X = 0 it is alpha for alpha <= 1."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {"alpha": 0.02}
+    inplace = {"Out": "X"}
+    infer = _float_only("leaky_relu")
+
+    def specialize(X, alpha):
+        if X is None or not X.ndim:
+            return None
+        slope = _constant(alpha, X.dtype)
+
+        def leaky(X, out=None):
+            scaled = np.multiply(X, slope)
+            return np.maximum(X, scaled, out=out if out is not None else scaled)
+
+        return leaky
+
+    def forward(X, alpha):
+        return np.asarray(np.maximum(X, X * _constant(alpha, X.dtype)))
+
+    def backward(X, Out, Out_grad, alpha):
+        # max(X, alpha X) follows X where X > 0 when alpha <= 1, and alpha X there otherwise.
+        positive, negative = (1.0, alpha) if alpha <= 1 else (alpha, 1.0)
+        return (np.asarray(Out_grad * np.where(X > 0, positive, negative).astype(X.dtype)),)
+
+
+@register_op
+class elu:
+    """Out = max(0, X) + min(0, alpha * (exp(X) - 1)) (Fluid 1.8's formula: for alpha >= 0
+    the usual ELU; for alpha < 0 it is X + alpha * (exp(X) - 1) where X > 0 and 0 elsewhere).
+    The gradient is that formula's, alpha at X = 0 for alpha > 0 (as Fluid and PyTorch)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {"alpha": 1.0}
+    infer = _float_only("elu")
+
+    def forward(X, alpha):
+        negative = np.minimum(np.expm1(X) * _constant(alpha, X.dtype), 0)
+        return np.asarray(np.maximum(X, 0) + negative, X.dtype)
+
+    def backward(X, Out, Out_grad, alpha):
+        if alpha > 0:
+            slope = np.where(X > 0, 1, np.exp(X) * alpha)
+        else:  # the min term is alpha * (exp(X) - 1) where X > 0, and 0 elsewhere
+            slope = np.where(X > 0, 1 + np.exp(X) * alpha, 0)
+        return (np.asarray(Out_grad * slope, X.dtype),)
+
+
+@register_op
+class hard_sigmoid:
+    """Out = clip(slope * X + offset, 0, 1); the gradient is slope where 0 < Out < 1."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {"slope": 0.2, "offset": 0.5}
+    infer = _float_only("hard_sigmoid")
+
+    def forward(X, slope, offset):
+        linear = X * _constant(slope, X.dtype) + _constant(offset, X.dtype)
+        return np.asarray(np.clip(linear, 0, 1), X.dtype)
+
+    def backward(X, Out, Out_grad, slope, offset):
+        inside = (Out > 0) & (Out < 1)
+        return (np.asarray(Out_grad * inside * _constant(slope, X.dtype)),)
+
+
+# ---- smooth: gelu, softplus, softsign, swish ----
+
+_erf_per_element = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf of a float64 array. NumPy has none: math.erf per element (libm's, within an ulp
+    or two; about 0.1-0.2 µs an element)."""
+    return np.asarray(_erf_per_element(x), np.float64)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+@register_op
+class gelu:
+    """Out = X * Phi(X) = 0.5 * X * (1 + erf(X / sqrt(2))); with `approximate`, the tanh form
+    0.5 * X * (1 + tanh(sqrt(2/pi) * (X + 0.044715 X^3))). Computed in float64."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {"approximate": False}
+    infer = _float_only("gelu")
+
+    def forward(X, approximate):
+        x = X.astype(np.float64)
+        if approximate:
+            out = 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+        else:
+            out = 0.5 * x * (1.0 + _erf(x * math.sqrt(0.5)))
+        return np.asarray(out, X.dtype)
+
+    def backward(X, Out, Out_grad, approximate):
+        x = X.astype(np.float64)
+        if approximate:
+            inner = _SQRT_2_OVER_PI * (x + 0.044715 * x**3)
+            t = np.tanh(inner)
+            slope = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+            dout_dx = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * slope
+        else:
+            cdf = 0.5 * (1.0 + _erf(x * math.sqrt(0.5)))
+            dout_dx = cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        return (np.asarray(Out_grad * dout_dx, X.dtype),)
+
+
+def _stable_sigmoid(x: np.ndarray) -> np.ndarray:
+    return (np.tanh(x * 0.5) + 1) * np.asarray(0.5, x.dtype)
+
+
+@register_op
+class softplus:
+    """Out = log(1 + exp(X)), computed without overflow for large X."""
+
+    inputs, outputs = ("X",), ("Out",)
+    infer = _float_only("softplus")
+
+    def forward(X):
+        return np.asarray(np.logaddexp(X, _constant(0, X.dtype)))
+
+    def backward(X, Out, Out_grad):
+        return (np.asarray(Out_grad * _stable_sigmoid(X)),)
+
+
+@register_op
+class softsign:
+    """Out = X / (1 + |X|)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    infer = _float_only("softsign")
+
+    def forward(X):
+        return np.asarray(X / (1 + np.absolute(X)))
+
+    def backward(X, Out, Out_grad):
+        denominator = 1 + np.absolute(X)
+        return (np.asarray(Out_grad / (denominator * denominator)),)
+
+
+@register_op
+class swish:
+    """Out = X * sigmoid(beta * X)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {"beta": 1.0}
+    infer = _float_only("swish")
+
+    def forward(X, beta):
+        return np.asarray(X * _stable_sigmoid(X * _constant(beta, X.dtype)))
+
+    def backward(X, Out, Out_grad, beta):
+        sig = _stable_sigmoid(X * _constant(beta, X.dtype))
+        beta_out = X * sig * beta
+        return (np.asarray(Out_grad * (beta_out + sig * (1 - beta_out)), X.dtype),)
+
+
+# What a layer's `act=` may name: this family's ops that need no attribute set (clip does).
+ACTIVATIONS = frozenset(
+    name
+    for name, op_def in registered_ops().items()
+    if op_def.forward_type is None
+    and op_def.forward is not None
+    and op_def.forward.__module__ == __name__
+    and not any(spec.required for spec in op_def.attrs.values())
+)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from nestflow.errors import AttrError, DTypeError, ExecutionError
-from nestflow.ops.registry import VarInfo, fail, register_op
+from nestflow.ops.registry import Required, VarInfo, fail, register_op
 
 
 def _fits(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -187,3 +187,196 @@ class accuracy:
         hits = (top == Label.reshape(-1, 1)).any(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.asarray(np.float32(hits.sum()) / np.float32(len(hits)))
+
+
+# ---- regression and binary losses (Fluid 1.8 ops); labels, targets and weights get no
+# gradient, as in Fluid ----
+
+
+def _same_shape(a: VarInfo, b: VarInfo, a_slot: str, b_slot: str) -> None:
+    """DTypeError/ShapeError unless `b` has `a`'s float dtype and shape (-1 fits any dim)."""
+    if not np.issubdtype(np.dtype(a.dtype), np.floating):
+        raise DTypeError(f"{a_slot} must be floating point, got {a.dtype}; cast it first")
+    if b.dtype != a.dtype:
+        raise DTypeError(f"{b_slot} is {b.dtype} but {a_slot} is {a.dtype}; cast one of them")
+    if not _fits(a.shape, b.shape):
+        fail(f"{b_slot} {list(b.shape)} must be shaped like {a_slot} {list(a.shape)}")
+
+
+@register_op
+class sigmoid_cross_entropy_with_logits:
+    """Out = max(X, 0) - X * Label + log(1 + exp(-|X|)) per element: the cross entropy of
+    sigmoid(X) against probabilities Label (X's shape and dtype), without overflow. Elements
+    whose Label truncates to ignore_index give 0 loss and 0 gradient; with normalize, Out is
+    divided by the number of elements not ignored (at least 1). dX = sigmoid(X) - Label."""
+
+    inputs, outputs = ("X", "Label"), ("Out",)
+    attrs = {"ignore_index": -100, "normalize": False}
+    no_grad_inputs = ("Label",)
+
+    def infer(X, Label, ignore_index, normalize):
+        _same_shape(X, Label, "X", "Label")
+        return X
+
+    def forward(X, Label, ignore_index, normalize):
+        loss = np.maximum(X, 0) - X * Label + np.log1p(np.exp(-np.absolute(X)))
+        return _ignored_and_normalized(loss, Label, ignore_index, normalize)
+
+    def backward(X, Label, Out, Out_grad, ignore_index, normalize):
+        sigmoid = (np.tanh(X * 0.5) + 1) * np.asarray(0.5, X.dtype)
+        grad = (sigmoid - Label) * Out_grad
+        return (_ignored_and_normalized(grad, Label, ignore_index, normalize),)
+
+
+def _ignored_and_normalized(values, label, ignore_index: int, normalize: bool) -> np.ndarray:
+    """`values` zero where trunc(label) == ignore_index, divided by the count of the others
+    when `normalize` (Fluid's kernel: the label cast to int)."""
+    ignored = np.trunc(label) == ignore_index
+    values = np.where(ignored, values.dtype.type(0), values)
+    if normalize:
+        values = values / values.dtype.type(max(int(ignored.size - ignored.sum()), 1))
+    return np.asarray(values)
+
+
+@register_op
+class huber_loss:
+    """Residual = Y - X; Out = 0.5 * Residual^2 where |Residual| <= delta, else
+    delta * (|Residual| - 0.5 * delta). X and Y have one shape; so have Residual and Out."""
+
+    inputs, outputs = ("X", "Y"), ("Residual", "Out")
+    attrs = {"delta": Required(float)}
+
+    def infer(X, Y, delta):
+        _same_shape(X, Y, "X", "Y")
+        if delta < 0:
+            raise AttrError(f"delta must be >= 0, got {delta}")
+        return X, X
+
+    def forward(X, Y, delta):
+        residual = Y - X
+        size = np.absolute(residual)
+        quadratic = 0.5 * residual * residual
+        linear = delta * (size - 0.5 * delta)
+        return residual, np.asarray(np.where(size <= delta, quadratic, linear), X.dtype)
+
+    def backward(X, Y, Residual, Out, Residual_grad, Out_grad, delta):
+        grad = np.zeros_like(Residual) if Residual_grad is None else Residual_grad.copy()
+        if Out_grad is not None:
+            slope = np.where(np.absolute(Residual) <= delta, Residual, delta * np.sign(Residual))
+            grad += slope * Out_grad
+        return -grad, grad
+
+
+@register_op
+class smooth_l1_loss:
+    """Diff = (X - Y) * InsideWeight; per element e = 0.5 * (sigma * Diff)^2 where
+    |Diff| < 1 / sigma^2, else |Diff| - 0.5 / sigma^2; Out [N, 1] = the sum over each row of
+    e * OutsideWeight. X, Y and the weights (both or neither) are [N, ...] of one shape."""
+
+    inputs, outputs = ("X", "Y", "InsideWeight?", "OutsideWeight?"), ("Diff", "Out")
+    attrs = {"sigma": 1.0}
+    no_grad_inputs = ("InsideWeight", "OutsideWeight")
+
+    def infer(X, Y, InsideWeight, OutsideWeight, sigma):
+        _same_shape(X, Y, "X", "Y")
+        if X.ndim < 2:
+            fail(f"X must be [N, ...] of rank >= 2, got {list(X.shape)}")
+        if (InsideWeight is None) != (OutsideWeight is None):
+            raise AttrError("InsideWeight and OutsideWeight must be given together")
+        if InsideWeight is not None:
+            _same_shape(X, InsideWeight, "X", "InsideWeight")
+            _same_shape(X, OutsideWeight, "X", "OutsideWeight")
+        return X, VarInfo((X.shape[0], 1), X.dtype)
+
+    def forward(X, Y, InsideWeight, OutsideWeight, sigma):
+        diff = X - Y if InsideWeight is None else (X - Y) * InsideWeight
+        s2 = sigma * sigma
+        size = np.absolute(diff)
+        errors = np.where(size < 1.0 / s2, 0.5 * s2 * diff * diff, size - 0.5 / s2)
+        if OutsideWeight is not None:
+            errors = errors * OutsideWeight
+        rows = errors.reshape(X.shape[0], -1) if X.size else errors.reshape(X.shape[0], 0)
+        return diff, np.asarray(rows.sum(axis=1, keepdims=True), X.dtype)
+
+    def backward(X, Y, InsideWeight, OutsideWeight, Diff, Out, Diff_grad, Out_grad, sigma):
+        grad = np.zeros_like(Diff) if Diff_grad is None else Diff_grad.copy()
+        if Out_grad is not None:
+            s2 = sigma * sigma
+            slope = np.where(np.absolute(Diff) < 1.0 / s2, s2 * Diff, np.sign(Diff))
+            if OutsideWeight is not None:
+                slope = slope * OutsideWeight
+            grad += slope * Out_grad.reshape((X.shape[0],) + (1,) * (X.ndim - 1))
+        if InsideWeight is not None:
+            grad = grad * InsideWeight
+        return grad, -grad
+
+
+@register_op
+class log_loss:
+    """Loss = -Labels * log(Predicted + epsilon) - (1 - Labels) * log(1 - Predicted + epsilon)
+    per element, for probabilities Predicted and Labels of one shape ([N, 1] in Fluid)."""
+
+    inputs, outputs = ("Predicted", "Labels"), ("Loss",)
+    attrs = {"epsilon": 1e-4}
+    no_grad_inputs = ("Labels",)
+
+    def infer(Predicted, Labels, epsilon):
+        _same_shape(Predicted, Labels, "Predicted", "Labels")
+        return Predicted
+
+    def forward(Predicted, Labels, epsilon):
+        p, y = Predicted, Labels
+        return np.asarray(-y * np.log(p + epsilon) - (1 - y) * np.log(1 - p + epsilon), p.dtype)
+
+    def backward(Predicted, Labels, Loss, Loss_grad, epsilon):
+        p, y = Predicted, Labels
+        slope = -y / (p + epsilon) + (1 - y) / (1 - p + epsilon)
+        return (np.asarray(Loss_grad * slope, p.dtype),)
+
+
+_KLDIV_REDUCTIONS = ("none", "batchmean", "mean", "sum")
+
+
+@register_op
+class kldiv_loss:
+    """Loss = Target * (log(Target) - X) per element (0 where Target <= 0), X holding
+    log-probabilities, reduced by `reduction`: "none" (X's shape), "sum", "mean" (over every
+    element) or "batchmean" (the sum over the first dim's size); reduced losses are 0-d."""
+
+    inputs, outputs = ("X", "Target"), ("Loss",)
+    attrs = {"reduction": "mean"}
+    no_grad_inputs = ("Target",)
+
+    def infer(X, Target, reduction):
+        if reduction not in _KLDIV_REDUCTIONS:
+            raise AttrError(
+                f"reduction must be one of {list(_KLDIV_REDUCTIONS)}, got {reduction!r}"
+            )
+        _same_shape(X, Target, "X", "Target")
+        if reduction == "batchmean" and X.ndim == 0:
+            fail("batchmean needs X of rank >= 1 (its first dim is the batch)")
+        return X if reduction == "none" else VarInfo((), X.dtype)
+
+    def forward(X, Target, reduction):
+        positive = Target > 0
+        safe_log = np.log(np.where(positive, Target, 1))
+        pointwise = np.where(positive, Target * (safe_log - X), 0).astype(X.dtype)
+        if reduction == "none":
+            return pointwise
+        total = pointwise.sum(dtype=X.dtype)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.asarray(total / _kldiv_count(X, reduction), X.dtype)
+
+    def backward(X, Target, Loss, Loss_grad, reduction):
+        grad = np.where(Target > 0, -Target, 0) * Loss_grad
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (np.asarray(grad / _kldiv_count(X, reduction), X.dtype),)
+
+
+def _kldiv_count(X: np.ndarray, reduction: str) -> float:
+    """What the summed loss is divided by."""
+    if reduction == "mean":
+        return float(X.size)
+    if reduction == "batchmean":
+        return float(X.shape[0])
+    return 1.0

@@ -151,6 +151,84 @@ class elementwise_div:
         )
 
 
+def _routed(grad: np.ndarray, to_x: np.ndarray, x: np.ndarray, y: np.ndarray, Y: np.ndarray):
+    """Out_grad sent to X where `to_x` holds and to Y (aligned as `y`) elsewhere, each summed
+    back to its own shape."""
+    zero = np.zeros((), grad.dtype)
+    dx = unbroadcast(np.where(to_x, grad, zero), x.shape)
+    dy = unbroadcast(np.where(to_x, zero, grad), y.shape).reshape(Y.shape)
+    return dx, dy
+
+
+@register_op
+class elementwise_max:
+    """Out = max(X, Y) with broadcasting (NaN wins). The gradient goes to X where X > Y and to
+    Y elsewhere: a tie gives it all to Y, as Fluid's kernel does."""
+
+    inputs, outputs = ("X", "Y"), ("Out",)
+    attrs = {"axis": -1}
+    infer = _infer_binary
+    specialize = _ufunc_when_aligned(np.maximum)
+    inplace = {"Out": "X"}
+
+    def forward(X, Y, axis):
+        return np.asarray(np.maximum(X, align_y(X.ndim, Y, axis)))
+
+    def backward(X, Y, Out, Out_grad, axis):
+        y = align_y(X.ndim, Y, axis)
+        return _routed(Out_grad, X > y, X, y, Y)
+
+
+@register_op
+class elementwise_min:
+    """Out = min(X, Y) with broadcasting (NaN wins). The gradient goes to X where X < Y and to
+    Y elsewhere: a tie gives it all to Y, as Fluid's kernel does."""
+
+    inputs, outputs = ("X", "Y"), ("Out",)
+    attrs = {"axis": -1}
+    infer = _infer_binary
+    specialize = _ufunc_when_aligned(np.minimum)
+    inplace = {"Out": "X"}
+
+    def forward(X, Y, axis):
+        return np.asarray(np.minimum(X, align_y(X.ndim, Y, axis)))
+
+    def backward(X, Y, Out, Out_grad, axis):
+        y = align_y(X.ndim, Y, axis)
+        return _routed(Out_grad, X < y, X, y, Y)
+
+
+def _infer_numeric_binary(X: VarInfo, Y: VarInfo, axis: int) -> VarInfo:
+    if X.dtype == "bool":
+        raise DTypeError("X and Y are bool, which power's arithmetic does not keep; cast them")
+    return _infer_binary(X, Y, axis)
+
+
+@register_op
+class elementwise_pow:
+    """Out = X ** Y with broadcasting. dX = Y * X ** (Y - 1), dY = ln(X) * X ** Y (NaN for
+    X < 0, as Fluid's). Integers raised to negative integers fail when run, as in NumPy."""
+
+    inputs, outputs = ("X", "Y"), ("Out",)
+    attrs = {"axis": -1}
+    infer = _infer_numeric_binary
+    specialize = _ufunc_when_aligned(np.power)
+    inplace = {"Out": "X"}
+
+    def forward(X, Y, axis):
+        return np.asarray(np.power(X, align_y(X.ndim, Y, axis)))
+
+    def backward(X, Y, Out, Out_grad, axis, needs=(True, True)):
+        y = align_y(X.ndim, Y, axis)
+        dx = dy = None
+        if needs[0]:
+            dx = unbroadcast(Out_grad * y * np.power(X, y - 1), X.shape)
+        if needs[1]:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                dy = unbroadcast(Out_grad * np.log(X) * Out, y.shape).reshape(Y.shape)
+        return dx, dy
+
+
 @register_op
 class scale:
     """Out = scale * X + bias (or scale * (X + bias) when bias_after_scale is False)."""
@@ -158,22 +236,25 @@ class scale:
     inputs, outputs = ("X",), ("Out",)
     attrs = {"scale": 1.0, "bias": 0.0, "bias_after_scale": True}
     infer = same_as(0)
+    inplace = {"Out": "X"}
 
     def specialize(X, scale, bias, bias_after_scale):
-        # A float array keeps its dtype under a Python-float factor: no cast back needed.
+        # Float X only: its kernel needs no cast back to X's dtype. The factors are 0-d arrays
+        # of X's dtype: given Python floats, a ufunc resolves the operand types on every call,
+        # which doubles its cost on small arrays.
         if X is None or not X.ndim or np.dtype(X.dtype).kind != "f":
             return None
+        factor, shift = np.asarray(scale, X.dtype), np.asarray(bias, X.dtype)
         if bias == 0.0:
-            return functools.partial(np.multiply, float(scale))
-        scale, bias = float(scale), float(bias)
+            return functools.partial(np.multiply, factor)
 
-        def scaled_then_shifted(X):
-            out = np.multiply(X, scale)
-            return np.add(out, bias, out=out)
+        def scaled_then_shifted(X, out=None):
+            out = np.multiply(X, factor, out=out)
+            return np.add(out, shift, out=out)
 
-        def shifted_then_scaled(X):
-            out = np.add(X, bias)
-            return np.multiply(out, scale, out=out)
+        def shifted_then_scaled(X, out=None):
+            out = np.add(X, shift, out=out)
+            return np.multiply(out, factor, out=out)
 
         return scaled_then_shifted if bias_after_scale else shifted_then_scaled
 
@@ -199,22 +280,39 @@ class square:
         return (np.asarray(Out_grad * (X + X)),)
 
 
-def _matmul_shapes(x, y, transpose_X, transpose_Y):
-    """Both shapes in >= 2-D form, transposed; a 1-D operand is never transposed."""
-    if transpose_X and len(x) > 1:
-        x = x[:-2] + (x[-1], x[-2])
-    if transpose_Y and len(y) > 1:
-        y = y[:-2] + (y[-1], y[-2])
-    if len(x) == 1:
-        x = (1,) + tuple(x)
-    if len(y) == 1:
-        y = tuple(y) + (1,)
-    return x, y
+def _as_matrix(shape: tuple[int, ...], vector_as_row: bool) -> tuple[int, ...]:
+    """A 1-D operand as a matrix (Fluid's rule): X [K] is a row [1, K], Y [K] a column
+    [K, 1]; any other shape is kept."""
+    if len(shape) != 1:
+        return tuple(shape)
+    return (1, shape[0]) if vector_as_row else (shape[0], 1)
+
+
+def _transposed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return shape[:-2] + (shape[-1], shape[-2])
+
+
+def _squeeze_vectors(full: tuple[int, ...], x_vector: bool, y_vector: bool) -> tuple[int, ...]:
+    """Out's shape from the matrix product's `full` shape (Fluid's matmul InferShape): a 1-D X
+    drops the row dim when it is 1, a 1-D Y the column dim when it is 1; nothing left is [1]."""
+    out = list(full)
+    if x_vector and out[-2] == 1:
+        del out[-2]
+    if y_vector and out[-1] == 1:
+        del out[-1]
+    return tuple(out) or (1,)
 
 
 @register_op
 class matmul:
-    """Out = X @ Y (batched, NumPy rules), with optional transposes of the last two dims."""
+    """Out = alpha * op(X) @ op(Y), batched over the leading dims (NumPy broadcasting), op
+    transposing the last two dims when transpose_X / transpose_Y is set.
+
+    A 1-D operand follows Fluid: X [K] is the row [1, K] (with transpose_X the column [K, 1]),
+    Y [K] the column [K, 1] (with transpose_Y the row [1, K]); Out then drops the row dim of a
+    1-D X and the column dim of a 1-D Y where that dim is 1, and two vectors give [1]:
+    [K] @ [K] -> [1], [K] @ [K, N] -> [N], [M] (transpose_X) @ [1, N] -> [M, N].
+    """
 
     inputs, outputs = ("X", "Y"), ("Out",)
     attrs = {"transpose_X": False, "transpose_Y": False, "alpha": 1.0}
@@ -224,25 +322,30 @@ class matmul:
             raise DTypeError(f"X is {X.dtype} but Y is {Y.dtype}; cast one of them")
         if not X.shape or not Y.shape:
             fail(f"matmul needs at least 1-D inputs, got {list(X.shape)} and {list(Y.shape)}")
-        x, y = _matmul_shapes(X.shape, Y.shape, transpose_X, transpose_Y)
+        x = _as_matrix(X.shape, vector_as_row=True)
+        y = _as_matrix(Y.shape, vector_as_row=False)
+        x = _transposed(x) if transpose_X else x
+        y = _transposed(y) if transpose_Y else y
         if x[-1] != y[-2] and -1 not in (x[-1], y[-2]):
             fail(
                 f"inner dims differ: X {list(X.shape)} (k={x[-1]}) and Y {list(Y.shape)} "
-                f"(k={y[-2]})"
+                f"(k={y[-2]}) with transpose_X={transpose_X}, transpose_Y={transpose_Y}"
             )
         batch = broadcast_shapes(x[:-2], y[:-2], "batch dims of X and Y")
-        out = batch + (x[-2], y[-1])
-        if len(X.shape) == 1:
-            out = out[:-2] + out[-1:]
-        if len(Y.shape) == 1:
-            out = out[:-1]
-        return VarInfo(out, X.dtype)
+        full = batch + (x[-2], y[-1])
+        return VarInfo(_squeeze_vectors(full, len(X.shape) == 1, len(Y.shape) == 1), X.dtype)
 
     def forward(X, Y, transpose_X, transpose_Y, alpha):
-        x = np.swapaxes(X, -1, -2) if transpose_X and X.ndim > 1 else X
-        y = np.swapaxes(Y, -1, -2) if transpose_Y and Y.ndim > 1 else Y
-        out = np.asarray(np.matmul(x, y))
-        return np.asarray(out * np.asarray(alpha, out.dtype)) if alpha != 1.0 else out
+        x = X.reshape(_as_matrix(X.shape, True)) if X.ndim == 1 else X
+        y = Y.reshape(_as_matrix(Y.shape, False)) if Y.ndim == 1 else Y
+        x = np.swapaxes(x, -1, -2) if transpose_X else x
+        y = np.swapaxes(y, -1, -2) if transpose_Y else y
+        out = np.matmul(x, y)
+        if alpha != 1.0:
+            out = out * np.asarray(alpha, out.dtype)
+        if X.ndim == 1 or Y.ndim == 1:
+            out = out.reshape(_squeeze_vectors(out.shape, X.ndim == 1, Y.ndim == 1))
+        return np.asarray(out)
 
     def backward(X, Y, Out, Out_grad, transpose_X, transpose_Y, alpha, needs=(True, True)):
         if X.ndim == Y.ndim == 2 and not (transpose_X or transpose_Y) and alpha == 1.0:
@@ -250,18 +353,15 @@ class matmul:
             dx = Out_grad @ Y.T if needs[0] else None
             dy = X.T @ Out_grad if needs[1] else None
             return dx, dy
-        # Work in the >= 2-D form, then undo the 1-D promotions and broadcasting.
-        x = X.reshape((1,) + X.shape) if X.ndim == 1 else X
-        y = Y.reshape(Y.shape + (1,)) if Y.ndim == 1 else Y
-        g = Out_grad * np.asarray(alpha, Out_grad.dtype) if alpha != 1.0 else Out_grad
-        if Y.ndim == 1:  # first: for two vectors g is 0-d
-            g = np.expand_dims(g, -1)
-        if X.ndim == 1:
-            g = np.expand_dims(g, -2)
-        transpose_X = transpose_X and X.ndim > 1
-        transpose_Y = transpose_Y and Y.ndim > 1
+        # Work in the matrix form, then undo the vector promotions and broadcasting.
+        x = X.reshape(_as_matrix(X.shape, True))
+        y = Y.reshape(_as_matrix(Y.shape, False))
         xt = np.swapaxes(x, -1, -2) if transpose_X else x
         yt = np.swapaxes(y, -1, -2) if transpose_Y else y
+        batch = np.broadcast_shapes(xt.shape[:-2], yt.shape[:-2])
+        g = Out_grad.reshape(batch + (xt.shape[-2], yt.shape[-1]))
+        if alpha != 1.0:
+            g = g * np.asarray(alpha, g.dtype)
         dx = dy = None
         if needs[0]:
             dxt = np.matmul(g, np.swapaxes(yt, -1, -2))
