@@ -21,7 +21,6 @@ import numpy as np
 from nestflow.core.place import Place
 from nestflow.core.scope import Scope
 from nestflow.errors import (
-    AttrError,
     DTypeError,
     NestflowError,
     ShapeError,
@@ -207,17 +206,16 @@ class PlainNet(Net):
 
     def add_optimizer_ops(self, attrs: Mapping[str, Any]) -> None:
         """Append optimizer ops for the gradients add_backward_ops made, e.g.
-        `{"type": "adam", "learning_rate": 1e-4, "beta1": 0.9}`: "type" is sgd, momentum or
-        adam (default sgd) and the other keys are nf.optimizer's arguments of that name.
-        Optimizer state (moments, learning rate) is created in the scope the first time the
-        net runs there."""
+        `{"type": "adam", "learning_rate": 1e-4, "beta1": 0.9}`: "type" is one of
+        nestflow.executor.optimize.UPDATE_RULES (sgd, momentum, adam, adagrad, rmsprop, ...;
+        default sgd) and the other keys are nf.optimizer's arguments of that name
+        (regularization and grad_clip included). Optimizer state (moments, learning rate) is
+        created in the scope the first time the net runs there."""
         if self._params_grads is None:
             raise NestflowError("add_optimizer_ops needs add_backward_ops(loss) first")
         options = dict(attrs)
         kind = str(options.pop("type", "sgd")).lower()
-        if "learning_rate" not in options and kind != "adam":
-            raise AttrError(f"add_optimizer_ops: optimizer '{kind}' needs a 'learning_rate'")
-        learning_rate = options.pop("learning_rate", 1e-3)
+        learning_rate = options.pop("learning_rate", None)
         with self.building():
             append_optimizer_ops(self._params_grads, kind, learning_rate, **options)
 

@@ -154,7 +154,7 @@ def parameter_from_attr(
     spec = ParamAttr.of(attr)
     if spec is None:
         return None
-    return create_parameter(
+    param = create_parameter(
         shape,
         dtype,
         name=spec.name or default_name,
@@ -162,6 +162,9 @@ def parameter_from_attr(
         trainable=spec.trainable,
         default_initializer=default_init,
     )
+    if spec.regularizer is not None:
+        param.regularizer = spec.regularizer  # read by the optimizer's regularization pass
+    return param
 
 
 def zeros_initializer() -> Initializer:

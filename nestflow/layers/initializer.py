@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from nestflow.errors import AttrError
 from nestflow.framework.program import VarDesc
@@ -118,11 +119,19 @@ MSRA = Kaiming
 
 @dataclass
 class ParamAttr:
-    """How a layer makes its parameter: name, initializer, trainable."""
+    """How a layer makes its parameter: name, initializer, trainable, and the regularizer
+    (an nf.regularizer object) that overrides the optimizer's for this parameter."""
 
     name: str | None = None
     initializer: Initializer | None = None
     trainable: bool = True
+    regularizer: Any = None
+
+    def __post_init__(self):
+        if self.regularizer is not None and not callable(self.regularizer):
+            raise AttrError(
+                f"ParamAttr: regularizer must be an nf.regularizer object, not {self.regularizer!r}"
+            )
 
     @staticmethod
     def of(attr) -> ParamAttr | None:

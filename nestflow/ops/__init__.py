@@ -3,6 +3,7 @@
 from nestflow.ops import (  # noqa: F401  (registers the ops)
     activation,
     block,
+    clip,
     constant,
     debug,
     ifelse,

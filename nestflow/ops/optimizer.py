@@ -1,11 +1,14 @@
-"""Optimizer update ops: sgd, momentum (optionally Nesterov), adam (bias-corrected).
+"""Optimizer update ops: sgd, momentum (optionally Nesterov), adam, adagrad, rmsprop, adadelta,
+adamax, adamw, lamb.
 
 Each computes the new parameter (and new optimizer state) from the old ones and returns them;
 kernels never write into their inputs. The program names the parameter itself as ParamOut
 (and each state variable as its own ...Out), and since the executor stores persistables back
 only after a whole run succeeded, a failed step leaves parameters and state as they were.
 LearningRate is a variable of one element ([1] or 0-d) so it can be changed between steps.
-The formulas are torch.optim's (SGD with momentum/dampening 0, Adam without amsgrad).
+The formulas are torch.optim's (SGD with momentum/dampening 0, Adam without amsgrad, ...);
+slot and attr names are Fluid 1.x's. Where Fluid's rule differs (rmsprop's epsilon, adamax's
+epsilon, adadelta's learning rate) the op's docstring says how; lamb follows the paper.
 """
 
 from __future__ import annotations
@@ -106,6 +109,11 @@ class adam:
         return Param, Moment1, Moment2, Beta1Pow, Beta2Pow
 
     def forward(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, out=None, **attrs):
+        if not Param.ndim:  # ufuncs give 0-d inputs back as scalars, which take no out=
+            flat = [np.reshape(a, (1,)) for a in (Param, Grad)]
+            moments = [np.reshape(a, (1,)) for a in (Moment1, Moment2)]
+            new = adam.forward(*flat, LearningRate, *moments, Beta1Pow, Beta2Pow, **attrs)
+            return (*(a.reshape(()) for a in new[:3]), *new[3:])
         beta1, beta2, epsilon = attrs["beta1"], attrs["beta2"], attrs["epsilon"]
         dtype = Param.dtype
         # Bias corrections in float64 (like torch's Python floats), applied in Param's dtype.
@@ -122,18 +130,210 @@ class adam:
         np.multiply(Grad, Grad, out=scratch)
         scratch *= _scalar(1.0 - beta2, dtype)
         v += scratch
-        if out is not None and Param.ndim:
+        if out is not None:
             scratch = out
-        denom = np.sqrt(v, out=scratch) if Param.ndim else np.sqrt(v)
+        denom = np.sqrt(v, out=scratch)
         denom /= _scalar(np.sqrt(correction2), dtype)
         denom += _scalar(epsilon, dtype)
-        update = np.divide(m, denom, out=denom) if Param.ndim else m / denom
+        update = np.divide(m, denom, out=denom)
         update *= step
-        param = np.subtract(Param, update, out=update) if Param.ndim else Param - update
+        param = np.subtract(Param, update, out=update)
         return (
             np.asarray(param, dtype),
             np.asarray(m, dtype),
             np.asarray(v, dtype),
+            np.asarray(Beta1Pow * beta1, Beta1Pow.dtype),
+            np.asarray(Beta2Pow * beta2, Beta2Pow.dtype),
+        )
+
+
+def _check_one_value(name: str, info: VarInfo | None) -> None:
+    if info is not None and all(d >= 0 for d in info.shape) and int(np.prod(info.shape)) != 1:
+        fail(f"{name} must hold one value ([1] or 0-d), got {list(info.shape)}")
+
+
+def _value(array: np.ndarray | None, default: float = 1.0) -> float:
+    """A one-element input as a Python float (`default` when the input is absent)."""
+    return default if array is None else float(np.asarray(array).reshape(()))
+
+
+def _arrays(dtype, *values) -> tuple[np.ndarray | None, ...]:
+    """Results as arrays of `dtype` (NumPy turns 0-d results into scalars); None stays None."""
+    return tuple(None if v is None else np.asarray(v, dtype) for v in values)
+
+
+@register_op
+class adagrad:
+    """MomentOut = Moment + Grad^2; ParamOut = Param - lr * Grad / (sqrt(MomentOut) + epsilon)
+    (Fluid's adagrad op; torch.optim.Adagrad with lr_decay 0)."""
+
+    inputs = ("Param", "Grad", "Moment", "LearningRate")
+    outputs = ("ParamOut", "MomentOut")
+    attrs = {"epsilon": 1e-6}
+
+    def infer(Param, Grad, Moment, LearningRate, epsilon):
+        _check_update(Param, Grad, LearningRate, Moment=Moment)
+        return Param, Param
+
+    def forward(Param, Grad, Moment, LearningRate, epsilon):
+        moment = Moment + Grad * Grad
+        std = np.sqrt(moment) + _scalar(epsilon, Param.dtype)
+        return _arrays(
+            Param.dtype, Param - _scalar(LearningRate, Param.dtype) * (Grad / std), moment
+        )
+
+
+@register_op
+class rmsprop:
+    """torch.optim.RMSprop, with Fluid's slots and attrs (decay is torch's alpha):
+    MeanSquareOut = decay * MeanSquare + (1 - decay) * Grad^2; with `centered`,
+    MeanGradOut = decay * MeanGrad + (1 - decay) * Grad and avg = sqrt(MeanSquareOut -
+    MeanGradOut^2) + epsilon, else avg = sqrt(MeanSquareOut) + epsilon;
+    MomentOut = momentum * Moment + Grad / avg; ParamOut = Param - lr * MomentOut.
+
+    Fluid's op differs: epsilon inside the square root and the learning rate inside the moment
+    (MomentOut = momentum * Moment + lr * Grad / sqrt(MeanSquareOut + epsilon)). Without
+    `centered`, MeanGrad is optional and passes through unchanged."""
+
+    inputs = ("Param", "MeanSquare", "MeanGrad?", "LearningRate", "Grad", "Moment")
+    outputs = ("ParamOut", "MomentOut", "MeanSquareOut", "MeanGradOut?")
+    attrs = {"epsilon": 1e-10, "decay": 0.9, "momentum": 0.0, "centered": False}
+
+    def infer(Param, MeanSquare, MeanGrad, LearningRate, Grad, Moment, centered, **_attrs):
+        state = {"MeanSquare": MeanSquare, "Moment": Moment}
+        if MeanGrad is not None:
+            state["MeanGrad"] = MeanGrad
+        elif centered:
+            fail("centered rmsprop needs MeanGrad (the moving average of the gradient)")
+        _check_update(Param, Grad, LearningRate, **state)
+        return Param, Param, Param, MeanGrad
+
+    def forward(Param, MeanSquare, MeanGrad, LearningRate, Grad, Moment, **attrs):
+        dtype = Param.dtype
+        decay = _scalar(attrs["decay"], dtype)
+        rest = _scalar(1.0 - attrs["decay"], dtype)
+        mean_square = MeanSquare * decay + Grad * Grad * rest
+        mean_grad = MeanGrad
+        if attrs["centered"]:
+            mean_grad = MeanGrad * decay + Grad * rest
+            avg = np.sqrt(mean_square - mean_grad * mean_grad)
+        else:
+            avg = np.sqrt(mean_square)
+        avg = avg + _scalar(attrs["epsilon"], dtype)
+        moment = Moment * _scalar(attrs["momentum"], dtype) + Grad / avg
+        param = Param - _scalar(LearningRate, dtype) * moment
+        return _arrays(dtype, param, moment, mean_square, mean_grad)
+
+
+@register_op
+class adadelta:
+    """torch.optim.Adadelta with Fluid's slots and attrs:
+    AvgSquaredGradOut = rho * AvgSquaredGrad + (1 - rho) * Grad^2;
+    delta = sqrt(AvgSquaredUpdate + epsilon) / sqrt(AvgSquaredGradOut + epsilon) * Grad;
+    AvgSquaredUpdateOut = rho * AvgSquaredUpdate + (1 - rho) * delta^2;
+    ParamOut = Param - lr * delta. Fluid's op has no learning rate: without the (optional)
+    LearningRate input lr is 1, which is Fluid's rule."""
+
+    inputs = ("Param", "Grad", "AvgSquaredGrad", "AvgSquaredUpdate", "LearningRate?")
+    outputs = ("ParamOut", "AvgSquaredGradOut", "AvgSquaredUpdateOut")
+    attrs = {"rho": 0.95, "epsilon": 1e-6}
+
+    def infer(Param, Grad, AvgSquaredGrad, AvgSquaredUpdate, LearningRate, rho, epsilon):
+        state = {"AvgSquaredGrad": AvgSquaredGrad, "AvgSquaredUpdate": AvgSquaredUpdate}
+        _check_update(Param, Grad, LearningRate or VarInfo((1,), Param.dtype), **state)
+        return Param, Param, Param
+
+    def forward(Param, Grad, AvgSquaredGrad, AvgSquaredUpdate, LearningRate, rho, epsilon):
+        dtype = Param.dtype
+        keep, rest, eps = _scalar(rho, dtype), _scalar(1.0 - rho, dtype), _scalar(epsilon, dtype)
+        avg_grad = AvgSquaredGrad * keep + Grad * Grad * rest
+        delta = np.sqrt(AvgSquaredUpdate + eps) / np.sqrt(avg_grad + eps) * Grad
+        avg_update = AvgSquaredUpdate * keep + delta * delta * rest
+        param = Param - _scalar(_value(LearningRate), dtype) * delta
+        return _arrays(dtype, param, avg_grad, avg_update)
+
+
+@register_op
+class adamax:
+    """torch.optim.Adamax with Fluid's slots and attrs: MomentOut = beta1 * Moment +
+    (1 - beta1) * Grad; InfNormOut = max(beta2 * InfNorm, |Grad| + epsilon);
+    ParamOut = Param - lr / (1 - Beta1Pow) * MomentOut / InfNormOut, Beta1Pow = beta1^t.
+    Fluid's op adds epsilon to beta2 * InfNorm instead. Beta1PowOut (optional; Fluid updates
+    the power with a separate op) is Beta1Pow * beta1."""
+
+    inputs = ("Param", "Grad", "LearningRate", "Moment", "InfNorm", "Beta1Pow")
+    outputs = ("ParamOut", "MomentOut", "InfNormOut", "Beta1PowOut?")
+    attrs = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
+
+    def infer(Param, Grad, LearningRate, Moment, InfNorm, Beta1Pow, **_attrs):
+        _check_update(Param, Grad, LearningRate, Moment=Moment, InfNorm=InfNorm)
+        _check_one_value("Beta1Pow", Beta1Pow)
+        return Param, Param, Param, Beta1Pow
+
+    def forward(Param, Grad, LearningRate, Moment, InfNorm, Beta1Pow, beta1, beta2, epsilon):
+        dtype = Param.dtype
+        moment = Moment * _scalar(beta1, dtype) + Grad * _scalar(1.0 - beta1, dtype)
+        inf_norm = np.maximum(InfNorm * _scalar(beta2, dtype), np.abs(Grad) + epsilon)
+        step = _scalar(_value(LearningRate) / (1.0 - _value(Beta1Pow)), dtype)
+        param = Param - step * (moment / inf_norm)
+        beta1_pow = np.asarray(Beta1Pow * beta1, Beta1Pow.dtype)
+        return (*_arrays(dtype, param, moment, inf_norm), beta1_pow)
+
+
+@register_op
+class adamw:
+    """torch.optim.AdamW: the decoupled decay Param * (1 - lr * coeff), then adam's update
+    (same slots and beta powers as adam)."""
+
+    inputs = ("Param", "Grad", "LearningRate", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow")
+    outputs = ("ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut", "Beta2PowOut")
+    attrs = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "coeff": 0.01}
+    inplace = {"ParamOut": "Grad"}
+
+    def infer(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **attrs):
+        attrs.pop("coeff")
+        return adam.infer(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **attrs)
+
+    def forward(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, out=None, **attrs):
+        kept = _scalar(1.0 - _value(LearningRate) * attrs.pop("coeff"), Param.dtype)
+        decayed = np.asarray(Param * kept)
+        return adam.forward(
+            decayed, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, out=out, **attrs
+        )
+
+
+@register_op
+class lamb:
+    """LAMB (You et al. 2019), Fluid's lamb op: Adam's bias-corrected moments give
+    r = m_hat / (sqrt(v_hat) + epsilon) + weight_decay * Param, and
+    ParamOut = Param - lr * (||Param|| / ||r||) * r, the trust ratio ||Param|| / ||r|| taken
+    as 1 when either norm is 0 (Fluid 1.8 has no such guard: a zero Param would never move).
+    Beta1Pow/Beta2Pow are beta^t; their outputs (optional, as in Fluid) are multiplied by
+    beta."""
+
+    inputs = ("Param", "Grad", "LearningRate", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow")
+    outputs = ("ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut?", "Beta2PowOut?")
+    attrs = {"weight_decay": 0.01, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-6}
+
+    def infer(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **_attrs):
+        _check_update(Param, Grad, LearningRate, Moment1=Moment1, Moment2=Moment2)
+        _check_one_value("Beta1Pow", Beta1Pow)
+        _check_one_value("Beta2Pow", Beta2Pow)
+        return Param, Param, Param, Beta1Pow, Beta2Pow
+
+    def forward(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **attrs):
+        dtype = Param.dtype
+        beta1, beta2 = attrs["beta1"], attrs["beta2"]
+        m = Moment1 * _scalar(beta1, dtype) + Grad * _scalar(1.0 - beta1, dtype)
+        v = Moment2 * _scalar(beta2, dtype) + Grad * Grad * _scalar(1.0 - beta2, dtype)
+        m_hat = m / _scalar(1.0 - _value(Beta1Pow), dtype)
+        v_hat = v / _scalar(1.0 - _value(Beta2Pow), dtype)
+        r = m_hat / (np.sqrt(v_hat) + attrs["epsilon"]) + Param * attrs["weight_decay"]
+        param_norm, r_norm = np.sqrt(np.sum(Param * Param)), np.sqrt(np.sum(r * r))
+        trust = param_norm / r_norm if param_norm > 0 and r_norm > 0 else 1.0
+        param = Param - _scalar(_value(LearningRate) * trust, dtype) * r
+        return (
+            *_arrays(dtype, param, m, v),
             np.asarray(Beta1Pow * beta1, Beta1Pow.dtype),
             np.asarray(Beta2Pow * beta2, Beta2Pow.dtype),
         )

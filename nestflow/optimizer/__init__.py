@@ -1,5 +1,44 @@
-"""Optimizers as ops: SGD, Momentum (optionally Nesterov) and Adam, with `.minimize(loss)`."""
+"""Optimizers as ops: SGD, Momentum (optionally Nesterov), Adagrad, Adam, Adamax, RMSProp,
+Adadelta, AdamW and Lamb (also under Fluid's ...Optimizer names), with `.minimize(loss)`."""
 
-from nestflow.optimizer.optimizer import SGD, Adam, Momentum, Optimizer
+from nestflow.optimizer.optimizer import (
+    SGD,
+    Adadelta,
+    AdadeltaOptimizer,
+    Adagrad,
+    AdagradOptimizer,
+    Adam,
+    Adamax,
+    AdamaxOptimizer,
+    AdamOptimizer,
+    AdamW,
+    Lamb,
+    LambOptimizer,
+    Momentum,
+    MomentumOptimizer,
+    Optimizer,
+    RMSProp,
+    RMSPropOptimizer,
+    SGDOptimizer,
+)
 
-__all__ = ["SGD", "Adam", "Momentum", "Optimizer"]
+__all__ = [
+    "SGD",
+    "Adadelta",
+    "AdadeltaOptimizer",
+    "Adagrad",
+    "AdagradOptimizer",
+    "Adam",
+    "AdamOptimizer",
+    "AdamW",
+    "Adamax",
+    "AdamaxOptimizer",
+    "Lamb",
+    "LambOptimizer",
+    "Momentum",
+    "MomentumOptimizer",
+    "Optimizer",
+    "RMSProp",
+    "RMSPropOptimizer",
+    "SGDOptimizer",
+]

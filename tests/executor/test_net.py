@@ -365,7 +365,7 @@ def _net_with_backward():
 @pytest.mark.parametrize(
     "attrs, message",
     [
-        ({"type": "rmsprop", "learning_rate": 0.1}, "unknown optimizer type 'rmsprop'"),
+        ({"type": "ftrl", "learning_rate": 0.1}, "unknown optimizer type 'ftrl'"),
         ({"type": "adam", "learning_rate": 0.1, "betas": 0.9}, "no option ['betas']"),
         ({"type": "sgd"}, "needs a 'learning_rate'"),
         ({"type": "sgd", "learning_rate": "fast"}, "learning_rate must be a number"),

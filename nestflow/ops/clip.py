@@ -1,0 +1,78 @@
+"""Ops that shape gradients between backward and the update: clip_by_norm,
+clip_by_global_norm and `sign` (L1Decay's decay term); clipping by value is the `clip` op.
+
+They act on gradients, so none has a gradient of its own. clip_by_norm is Fluid's op; the
+global-norm clip is one op over all gradients (Fluid builds it from square, reduce_sum, sums,
+sqrt and elementwise ops) with Fluid's formula.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nestflow.errors import AttrError, DTypeError
+from nestflow.ops.registry import Required, VarInfo, register_op
+
+
+def _floating(name: str, info: VarInfo) -> VarInfo:
+    if not np.issubdtype(np.dtype(info.dtype), np.floating):
+        raise DTypeError(f"{name} must be floating point, got {info.dtype}")
+    return info
+
+
+def _squared_norm(x: np.ndarray) -> float:
+    """The sum of the squares of all of x's elements, in float64."""
+    flat = np.asarray(x, np.float64).ravel()
+    return float(np.dot(flat, flat))
+
+
+@register_op
+class clip_by_norm:
+    """Out = X * max_norm / ||X|| when the L2 norm ||X|| of all of X exceeds max_norm, else X
+    (Fluid's clip_by_norm)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {"max_norm": Required(float)}
+
+    def infer(X, max_norm):
+        if not max_norm > 0:
+            raise AttrError(f"max_norm must be > 0, got {max_norm}")
+        return _floating("X", X)
+
+    def forward(X, max_norm):
+        norm = float(np.sqrt(_squared_norm(X)))
+        if norm <= max_norm:
+            return np.array(X, copy=True)
+        return np.asarray(X * np.asarray(max_norm / norm, X.dtype))
+
+
+@register_op
+class clip_by_global_norm:
+    """Out[i] = X[i] * max_global_norm / max(global_norm, max_global_norm), global_norm being
+    the L2 norm of all the X[i] together (Fluid's GradientClipByGlobalNorm)."""
+
+    inputs, outputs = ("X*",), ("Out*",)
+    attrs = {"max_global_norm": Required(float)}
+
+    def infer(X, max_global_norm):
+        if not max_global_norm > 0:
+            raise AttrError(f"max_global_norm must be > 0, got {max_global_norm}")
+        return [_floating(f"X[{i}]", x) for i, x in enumerate(X)]
+
+    def forward(X, max_global_norm):
+        total = float(np.sqrt(sum(_squared_norm(x) for x in X)))
+        scale = max_global_norm / max(total, max_global_norm)
+        return [np.asarray(x * np.asarray(scale, x.dtype)) for x in X]
+
+
+@register_op
+class sign:
+    """Out = sign(X): -1, 0 or 1 (Fluid's sign; L1Decay's term is coeff * sign(param))."""
+
+    inputs, outputs = ("X",), ("Out",)
+
+    def infer(X):
+        return _floating("X", X)
+
+    def forward(X):
+        return np.asarray(np.sign(X))
