@@ -22,7 +22,7 @@ from timing import TORCH_THREADS, markdown_table, measured, print_result, row, u
 
 WORKLOADS = {
     "w1": ("w1_mlp", "W1 MLP 784-512-512-10, batch 128, SGD"),
-    "w2": ("w2_per_op", "W2 chain of 1000 elementwise adds, shape [4]"),
+    "w2": ("w2_per_op", "W2 per-op cost of cheap ops, chains of 1000 on shape [4]"),
     "w3": ("w3_rnn", "W3 tanh RNN T=32, batch 32, 64->128, train step"),
     "w4": ("w4_ifelse", "W4 per-row IfElse 1024x64, two fc branches, forward"),
     "w5": ("w5_run_overhead", "W5 one Executor.run (feed, 1 scale op, fetch)"),

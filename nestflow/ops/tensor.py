@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import operator
 
 import numpy as np
 
@@ -200,6 +201,18 @@ class reshape:
 
     def infer(X, shape):
         return VarInfo(_infer_reshape_dims(X.shape, shape), X.dtype)
+
+    def specialize(X, shape):
+        # X's shape known when built (the sizes were checked then; rank 0 is a Net's "not
+        # known yet"): X.reshape(target) as a C-level call, the view forward gives too. Views
+        # are safe: kernels never write their inputs, and the executor lends a buffer to an
+        # in-place op only when no view holds its array (plan._owned).
+        if X is None or not X.shape or not _known(X.shape):
+            return None
+        if any(d == 0 and i >= len(X.shape) for i, d in enumerate(shape)):
+            return None
+        target = _resolve_reshape(X.shape, shape)
+        return operator.methodcaller("reshape", tuple(target))
 
     def forward(X, shape):
         target = _resolve_reshape(X.shape, shape)

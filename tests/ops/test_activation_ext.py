@@ -382,3 +382,22 @@ def test_specialised_kernels_in_a_chain_match_numpy(op, attrs):
         want = ref(want, **attrs) * 0.05 + 0.6
     np.testing.assert_allclose(got, want, rtol=1e-13)
     np.testing.assert_array_equal(xs, np.abs(xs))  # the feed itself was not written into
+
+
+def test_in_place_kernels_never_write_an_array_a_live_view_shares():
+    """reshape (and slice) give views of their input. An in-place kernel may take a buffer
+    only when nothing else holds its memory: not while a view of it is alive, and not the
+    view while its base is alive; once both are dead it may, and values stay right."""
+    xs = normal(64, 80)
+    x = nf.data("x", [64, 80], "float64")
+    t = nf.layers.scale(x, scale=2.0)  # a temporary big enough to be released
+    view = nf.layers.reshape(t, [80, 64])
+    r = nf.layers.relu(t)  # t's last use, but `view` still shares its memory
+    u = nf.layers.tanh(nf.layers.reshape(view, [64, 80]))  # a view of a view: last use
+    s = nf.layers.scale(x, scale=3.0)
+    w = nf.layers.exp(nf.layers.reshape(s, [80, 64]))  # s dead after the reshape: may go in place
+    got = nf.Executor().run(feed={"x": xs}, fetch_list=[view, r, u, w], scope=nf.Scope())
+    np.testing.assert_array_equal(got[0], (2 * xs).reshape(80, 64))
+    np.testing.assert_array_equal(got[1], np.maximum(2 * xs, 0))
+    np.testing.assert_array_equal(got[2], np.tanh(2 * xs))
+    np.testing.assert_array_equal(got[3], np.exp(3 * xs).reshape(80, 64))
