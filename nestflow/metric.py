@@ -6,6 +6,12 @@ one exists), `accumulate()` gives the value over every batch since the last `res
 its work into `compute(outputs..., labels...)` (what could run as ops) and `update(states...)`
 (NumPy counting); `Accuracy.update(pred, label)` also does both at once.
 
+Departures from Paddle 2.0: Precision and Recall both predict positive for p >= 0.5 (Paddle's
+Recall rounds half to even, so 0.5 is negative there); labels other than 0/1 and Auc predictions
+outside [0, 1] are errors (Paddle counts or asserts silently); Auc(curve="PR") computes the
+precision-recall area (Paddle returns the ROC area for it); Accuracy counts every position of
+[N, ..., maxk] masks as a sample.
+
 >>> m = Accuracy()
 >>> m.update(np.array([[0.1, 0.9], [0.8, 0.2]]), np.array([[1], [1]]))
 0.5

@@ -8,6 +8,12 @@
 
 A shuffled order depends only on (seed, epoch), never on the process, so every process and every
 rank draws the same permutation; each pass over a loader (each `iter`) is the next epoch.
+
+Departures from Paddle 2.0's paddle.io: the shuffle is NumPy's Generator seeded with (seed,
+epoch), not RandomState(epoch), and a sampler moves to the next epoch on every pass (Paddle's
+only when shuffling); DistributedBatchSampler pads after shuffling (Paddle shuffles the padded
+list) and pads any dataset size, even one smaller than half the replicas; DataLoader has no
+worker processes, only its one prefetch thread.
 """
 
 from __future__ import annotations
