@@ -18,11 +18,13 @@ from nestflow.core.tensor import Tensor
 from nestflow.errors import (
     FeedError,
     FetchError,
+    NanInfError,
     NestflowError,
     TypeMismatchError,
     UninitializedError,
 )
 from nestflow.executor.plan import BlockPlan, Frame
+from nestflow.framework.nesting import hold_stack_room, nesting_depth, release_stack_room
 from nestflow.framework.program import Block, Program, VarDesc, default_main_program
 from nestflow.ops.random_state import program_generator
 
@@ -61,6 +63,7 @@ class _ProgramPlan:
         self.needs_local_scope = any(op.sub_blocks() for op in plan.ops) or any(
             op.type in ("print",) for op in plan.ops
         )
+        self.nesting = nesting_depth(program)
 
 
 class Executor:
@@ -83,7 +86,7 @@ class Executor:
     def run(
         self,
         program: Program | None = None,
-        feed: Mapping[str, Any] | None = None,
+        feed: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
         fetch_list: Sequence[VarDesc | str] | None = None,
         scope: Scope | None = None,
         return_numpy: bool = True,
@@ -91,8 +94,12 @@ class Executor:
     ) -> list[Any]:
         """Run `program` once; returns the values of `fetch_list` (NumPy arrays) in order.
 
-        Raises FeedError for missing/unknown/misshaped feeds and ExecutionError (naming op,
-        inputs' shapes and the source line) when an op fails; on any error the scope's
+        `feed` maps variable names (or VarDescs) to values, or is a list of (name, value)
+        pairs. A value of another dtype than its variable's is cast when the cast keeps every
+        value (float rounding and NaN are kept; integer overflow, a float made inf, or another
+        kind of number are not). Raises FeedError for missing/unknown/misshaped/lossy feeds,
+        NanInfError for a NaN/Inf feed when check_nan_inf is on, and ExecutionError (naming
+        op, inputs' shapes and the source line) when an op fails; on any error the scope's
         persistable variables are left unchanged.
         """
         program = program if program is not None else default_main_program()
@@ -103,19 +110,24 @@ class Executor:
         scope = scope if scope is not None else _global_scope
         if not isinstance(scope, Scope):
             raise TypeMismatchError(f"Executor.run expects a Scope, got {type(scope).__name__}")
-        feed = feed or {}
+        if type(feed) is not dict:
+            feed = feed_mapping(feed)
         fetch_names = [f if type(f) is str else _fetch_name(f) for f in (fetch_list or ())]
         prepared = self._plan(program)
         plan = prepared.block_plan
         block = program.global_block()
 
         checking = self.check_nan_inf if check_nan_inf is None else check_nan_inf
+        # Each level of nested sub-blocks recurses: room for the program's deepest chain.
+        deep = hold_stack_room(prepared.nesting, "the program")
         local = scope.new_scope() if prepared.needs_local_scope else scope
         try:
             frame = Frame(plan, local, self)
             frame.check_nan_inf = checking  # this run's choice; sub-block frames inherit it
             env = frame.env
             fed_only = self._bind_feeds(prepared, block, env, feed) if feed else None
+            if checking and feed:
+                _check_feeds_finite(feed, plan, env, fed_only)
             if prepared.persistable_reads:
                 self._bind_persistables(prepared, scope, env, feed)
             for name in prepared.required_feeds:
@@ -136,6 +148,8 @@ class Executor:
                 if value is not None:
                     _store(scope, name, value)
         finally:
+            if deep:
+                release_stack_room()
             if local is not scope:
                 scope.delete_scope(local)
         if return_numpy:
@@ -269,7 +283,7 @@ class Executor:
         # pruned program no longer needs are checked, then left out.
         kept = small.global_block()
         block = program.global_block()
-        arrays = (checked_feed(block, name, value) for name, value in (feed or {}).items())
+        arrays = (checked_feed(block, name, value) for name, value in feed_mapping(feed).items())
         feed = {name: a for name, a in arrays if kept.find_var(name) is not None}
         return self.run(small, feed=feed, fetch_list=targets, scope=scope)
 
@@ -342,6 +356,8 @@ def checked_feed(block: Block, name: str | VarDesc, value: Any) -> tuple[str, np
     """A fed value as an array of its variable's dtype, with the variable's name; FeedError for
     a name the block does not declare or a value of the wrong shape or dtype."""
     name = name.name if isinstance(name, VarDesc) else name
+    if type(name) is not str:
+        raise FeedError(f"feed names are variable names (str or Variable), got {name!r}")
     desc = block.find_var(name)
     if desc is None:
         raise FeedError(f"feed '{name}' is not a variable of the program")
@@ -354,8 +370,41 @@ def checked_feed(block: Block, name: str | VarDesc, value: Any) -> tuple[str, np
         raise FeedError(f"{err.message}; it is read by {reader}") from None
 
 
+def feed_mapping(feed: Any) -> Mapping[Any, Any]:
+    """`feed` as a mapping name -> value: a mapping as it is, a list or tuple of (name, value)
+    pairs as a dict (FeedError for a name given twice), None as {}; FeedError otherwise."""
+    if feed is None:
+        return {}
+    if isinstance(feed, Mapping):
+        return feed
+    if not isinstance(feed, (list, tuple)):
+        raise FeedError(
+            f"feed must be a mapping name -> value or a list of (name, value) pairs, "
+            f"got {type(feed).__name__}"
+        )
+    pairs: dict[Any, Any] = {}
+    for i, item in enumerate(feed):
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise FeedError(
+                f"feed must be a mapping name -> value or a list of (name, value) pairs: "
+                f"item #{i} is not a (name, value) pair but {type(item).__name__}"
+            )
+        name, value = item
+        if not isinstance(name, (str, VarDesc)):
+            raise FeedError(
+                f"feed names are variable names (str or Variable): item #{i} names "
+                f"{type(name).__name__} {name!r}"
+            )
+        key = _fetch_name(name)
+        if key in pairs:
+            raise FeedError(f"variable '{key}' is fed twice (feed items #{i} and before)")
+        pairs[key] = value
+    return pairs
+
+
 def check_feed(desc: VarDesc, value: Any) -> np.ndarray:
-    """The fed value as an array of the variable's dtype; FeedError on a shape or dtype clash."""
+    """The fed value as an array of the variable's dtype; FeedError on a shape or dtype clash
+    or when casting to the variable's dtype would change a value."""
     if isinstance(value, Tensor):
         value = value.data()
     try:
@@ -372,7 +421,7 @@ def check_feed(desc: VarDesc, value: Any) -> np.ndarray:
                 f"feed '{desc.name}' has dtype {array.dtype}, but the variable is {want} "
                 f"(cast it first: np.asarray(x, '{want}'))"
             )
-        array = array.astype(want)
+        array = _cast_keeping_values(desc.name, array, want)
     if desc.shape and (
         array.ndim != len(desc.shape)
         or any(d != -1 and d != a for d, a in zip(desc.shape, array.shape))
@@ -382,6 +431,58 @@ def check_feed(desc: VarDesc, value: Any) -> np.ndarray:
             f"{list(desc.shape)} (-1 = any)"
         )
     return array
+
+
+def _cast_keeping_values(name: str, array: np.ndarray, want: np.dtype) -> np.ndarray:
+    """`array` cast to `want` (same kind of number); FeedError naming the first element the
+    cast would change: an integer out of `want`'s range, or a finite float made inf. Rounding
+    to a narrower float and NaN are accepted."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = array.astype(want)
+    if want.kind in "iu" and array.dtype.kind in "iu" and array.size:
+        limits = np.iinfo(want)
+        # A cheap whole-array test first; the element-wise mask only to name the culprit.
+        low = array.dtype.kind == "i" and array.min() < limits.min
+        if low or array.max() > limits.max:
+            bad = array > limits.max
+            if array.dtype.kind == "i":
+                bad |= array < limits.min
+            _raise_lossy(name, array, cast, bad, f"outside {want}'s range")
+    elif want.kind in "fc" and array.size and np.isinf(cast).any():
+        parts = (
+            ((array.real, cast.real), (array.imag, cast.imag))
+            if want.kind == "c"
+            else ((array, cast),)
+        )
+        bad = np.zeros(array.shape, bool)
+        for source, made in parts:
+            bad |= np.isinf(made) & np.isfinite(source)
+        if bad.any():
+            _raise_lossy(name, array, cast, bad, f"too large for {want} (it would become inf)")
+    return cast
+
+
+def _raise_lossy(name: str, array: np.ndarray, cast: np.ndarray, bad: np.ndarray, why: str):
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    raise FeedError(
+        f"feed '{name}' ({array.dtype}) cannot be cast to the variable's dtype {cast.dtype} "
+        f"without changing it: the value {array[index]!r} at index {list(index)} is {why} "
+        f"and would become {cast[index]!r}"
+    )
+
+
+def _check_feeds_finite(feed: Mapping[Any, Any], plan: BlockPlan, env: list, fed_only) -> None:
+    """check_nan_inf: NanInfError naming the first fed float array holding NaN or Inf."""
+    for name in feed:
+        name = _fetch_name(name)
+        slot = plan.slot_of.get(name)
+        value = env[slot] if slot is not None else (fed_only or {}).get(name)
+        if isinstance(value, np.ndarray) and value.dtype.kind in "fc":
+            finite = np.isfinite(value)
+            if not finite.all():
+                index = tuple(int(i) for i in np.argwhere(~finite)[0])
+                bad = "NaN" if np.isnan(value[index]) else "Inf"
+                raise NanInfError(f"feed '{name}' contains {bad} at index {list(index)}")
 
 
 def _first_reader(plan: BlockPlan | Block, name: str) -> str:
@@ -399,4 +500,11 @@ def _missing_feed_message(plan: BlockPlan, name: str) -> str:
     return f"variable '{name}' must be fed: it is read by {_first_reader(plan, name)}"
 
 
-__all__ = ["Executor", "NestflowError", "check_feed", "checked_feed", "global_scope"]
+__all__ = [
+    "Executor",
+    "NestflowError",
+    "check_feed",
+    "checked_feed",
+    "feed_mapping",
+    "global_scope",
+]
