@@ -28,6 +28,8 @@ WORKLOADS = {
     "w5": ("w5_run_overhead", "W5 one Executor.run (feed, 1 scale op, fetch)"),
     "w6": ("w6_peak_rss", "W6 peak RSS of W1 training"),
     "w7": ("w7_rnn_memory", "W7 RNN example, 1000 train steps"),
+    "w8": ("w8_lenet", "W8 LeNet-5 train step, [64, 1, 28, 28], SGD, 1 thread"),
+    "w9": ("w9_conv", "W9 conv2d fwd+bwd, 64->64 on [32, 64, 28, 28], 1 thread"),
     "import": ("import_time", "import time"),
 }
 

@@ -15,6 +15,7 @@ are accepted so Fluid programs load, and have no effect.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,29 +149,70 @@ def _padded(x: np.ndarray, pads, value: float = 0.0) -> np.ndarray:
     return out
 
 
-def _im2col(xp: np.ndarray, k_hw, strides, dilations, out_hw) -> np.ndarray:
-    """Columns [N, C, kh, kw, OH, OW] of the padded input xp: one strided copy per offset."""
+def _channel_major(x: np.ndarray, pads) -> np.ndarray:
+    """x [N, C, H, W] as [C, N, H, W] zero-padded by pads (a view when there is no padding)."""
+    xt = x.transpose(1, 0, 2, 3)
+    top, bottom, left, right = pads
+    if not (top or bottom or left or right):
+        return xt
+    c, n, h, w = xt.shape
+    out = np.zeros((c, n, h + top + bottom, w + left + right), x.dtype)
+    out[:, :, top : top + h, left : left + w] = xt
+    return out
+
+
+def _im2col(xt: np.ndarray, k_hw, strides, dilations, out_hw) -> np.ndarray:
+    """Columns [C, kh, kw, N, OH, OW] of the padded channel-major input xt [C, N, Hp, Wp]:
+    one strided copy per kernel offset."""
     (kh, kw), (dh, dw) = k_hw, dilations
-    if (kh, kw) == (1, 1) and tuple(strides) == (1, 1) and xp.shape[2:] == tuple(out_hw):
-        return xp[:, :, None, None]  # a 1x1 stride-1 conv reads the input as it is
-    cols = np.empty(xp.shape[:2] + (kh, kw) + tuple(out_hw), xp.dtype)
+    cols = np.empty(xt.shape[:1] + (kh, kw) + xt.shape[1:2] + tuple(out_hw), xt.dtype)
     for i in range(kh):
         for j in range(kw):
-            cols[:, :, i, j] = _window(xp, i * dh, j * dw, strides, out_hw)
+            cols[:, i, j] = _window(xt, i * dh, j * dw, strides, out_hw)
     return cols
 
 
 def _col2im(cols: np.ndarray, padded_hw, strides, dilations) -> np.ndarray:
-    """The adjoint of _im2col: [N, C, kh, kw, OH, OW] summed into a zero [N, C, Hp, Wp]."""
-    n, c, kh, kw, oh, ow = cols.shape
+    """The adjoint of _im2col: [C, kh, kw, N, OH, OW] summed into a zero [C, N, Hp, Wp]."""
+    c, kh, kw, n, oh, ow = cols.shape
     if (kh, kw) == (1, 1) and tuple(strides) == (1, 1) and (oh, ow) == tuple(padded_hw):
-        return cols[:, :, 0, 0]
-    out = np.zeros((n, c) + tuple(padded_hw), cols.dtype)
+        return cols[:, 0, 0]
+    out = np.zeros((c, n) + tuple(padded_hw), cols.dtype)
     for i in range(kh):
         for j in range(kw):
             view = _window(out, i * dilations[0], j * dilations[1], strides, (oh, ow))
-            view += cols[:, :, i, j]
+            view += cols[:, i, j]
     return out
+
+
+class _ColumnsMemo:
+    """The im2col columns of each conv forward's input, kept until its filter gradient takes
+    them (recomputing them costs up to a tenth of a conv's forward and backward). An entry is
+    keyed by the input array object, held weakly so the entry dies with the array, and by the
+    geometry; the executor never writes into an array a later op still reads, so the columns
+    stay valid while the array lives."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple] = {}
+
+    def put(self, x: np.ndarray, key: tuple, cols: np.ndarray) -> None:
+        ident = id(x)
+        entries = self._entries
+
+        def forget(_ref, ident=ident):
+            entries.pop(ident, None)
+
+        entries[ident] = (weakref.ref(x, forget), key, cols)
+
+    def take(self, x: np.ndarray, key: tuple) -> np.ndarray | None:
+        entry = self._entries.get(id(x))
+        if entry is None or entry[0]() is not x or entry[1] != key:
+            return None
+        self._entries.pop(id(x), None)
+        return entry[2]
+
+
+_COLUMNS = _ColumnsMemo()
 
 
 @dataclass(frozen=True)
@@ -227,45 +269,59 @@ def _conv_geometry(attrs: dict, in_hw, k_hw) -> _ConvGeometry:
     return _ConvGeometry(strides, pads, dilations, groups)
 
 
-def _conv(x: np.ndarray, w: np.ndarray, geo: _ConvGeometry) -> np.ndarray:
-    """Convolution of x [N, C, H, W] with w [M, C/g, kh, kw]: [N, M, OH, OW]."""
-    n = x.shape[0]
+def _columns(x: np.ndarray, k_hw, geo: _ConvGeometry, out_hw) -> np.ndarray:
+    """im2col of x [N, C, H, W]: [groups, C/g * kh * kw, N * OH * OW]."""
+    cols = _im2col(_channel_major(x, geo.pads), k_hw, geo.strides, geo.dilations, out_hw)
+    n, c = x.shape[:2]
+    return cols.reshape(geo.groups, c // geo.groups * k_hw[0] * k_hw[1], n * math.prod(out_hw))
+
+
+def _batch_major(y: np.ndarray) -> np.ndarray:
+    """[C, N, H, W] -> a contiguous [N, C, H, W]."""
+    return np.ascontiguousarray(y.transpose(1, 0, 2, 3))
+
+
+def _grouped_grad(grad: np.ndarray, groups: int) -> np.ndarray:
+    """grad [N, M, OH, OW] as [groups, M/g, N * OH * OW], the GEMMs' layout."""
+    n, m, oh, ow = grad.shape
+    return np.ascontiguousarray(grad.transpose(1, 0, 2, 3)).reshape(
+        groups, m // groups, n * oh * ow
+    )
+
+
+def _conv(x: np.ndarray, w: np.ndarray, geo: _ConvGeometry, memo: bool = False) -> np.ndarray:
+    """Convolution of x [N, C, H, W] with w [M, C/g, kh, kw]: [N, M, OH, OW]. One GEMM per
+    group over all images at once (per-image GEMMs are too small on small images). With
+    `memo` the columns are kept for _conv_filter_grad."""
+    m, cg, kh, kw = w.shape
+    out_hw = geo.out_hw(x.shape[2:], (kh, kw))
+    cols = _columns(x, (kh, kw), geo, out_hw)
+    if memo:
+        _COLUMNS.put(x, (geo, (kh, kw)), cols)
+    out = np.matmul(w.reshape(geo.groups, m // geo.groups, cg * kh * kw), cols)
+    return _batch_major(out.reshape((m, x.shape[0]) + out_hw))
+
+
+def _conv_input_grad(grad_g: np.ndarray, w: np.ndarray, out_hw, in_hw, geo: _ConvGeometry):
+    """d(conv)/d(input) applied to grad_g (_grouped_grad of [N, M, OH, OW]): [N, C, H, W]."""
     m, cg, kh, kw = w.shape
     g = geo.groups
-    oh, ow = geo.out_hw(x.shape[2:], (kh, kw))
-    cols = _im2col(_padded(x, geo.pads), (kh, kw), geo.strides, geo.dilations, (oh, ow))
-    cols = cols.reshape(n, g, cg * kh * kw, oh * ow)
-    out = np.matmul(w.reshape(g, m // g, cg * kh * kw), cols)
-    return out.reshape(n, m, oh, ow)
-
-
-def _conv_input_grad(grad: np.ndarray, w: np.ndarray, in_hw, geo: _ConvGeometry) -> np.ndarray:
-    """d(conv)/d(input) applied to grad [N, M, OH, OW]: [N, C, H, W] for input size in_hw."""
-    n, m, oh, ow = grad.shape
-    _, cg, kh, kw = w.shape
-    g = geo.groups
     wt = w.reshape(g, m // g, cg * kh * kw).transpose(0, 2, 1)
-    cols = np.matmul(wt, grad.reshape(n, g, m // g, oh * ow))
+    n = grad_g.shape[2] // math.prod(out_hw)
+    cols = np.matmul(wt, grad_g).reshape((g * cg, kh, kw, n) + tuple(out_hw))
     top, bottom, left, right = geo.pads
     h, wd = in_hw
-    padded = _col2im(
-        cols.reshape(n, g * cg, kh, kw, oh, ow),
-        (h + top + bottom, wd + left + right),
-        geo.strides,
-        geo.dilations,
-    )
-    return padded[:, :, top : top + h, left : left + wd]
+    padded = _col2im(cols, (h + top + bottom, wd + left + right), geo.strides, geo.dilations)
+    return _batch_major(padded[:, :, top : top + h, left : left + wd])
 
 
-def _conv_filter_grad(x: np.ndarray, grad: np.ndarray, w_shape, geo: _ConvGeometry) -> np.ndarray:
-    """d(conv)/d(filter) for input x [N, C, H, W] and grad [N, M, OH, OW]: w_shape."""
-    n, m, oh, ow = grad.shape
-    _, cg, kh, kw = w_shape
-    g = geo.groups
-    cols = _im2col(_padded(x, geo.pads), (kh, kw), geo.strides, geo.dilations, (oh, ow))
-    cols = cols.reshape(n, g, cg * kh * kw, oh * ow)
-    per_image = np.matmul(grad.reshape(n, g, m // g, oh * ow), cols.transpose(0, 1, 3, 2))
-    return per_image.sum(axis=0).reshape(w_shape)
+def _conv_filter_grad(x: np.ndarray, grad_g: np.ndarray, w_shape, out_hw, geo: _ConvGeometry):
+    """d(conv)/d(filter) for input x [N, C, H, W] and grad_g (_grouped_grad): w_shape."""
+    k_hw = tuple(w_shape[2:])
+    cols = _COLUMNS.take(x, (geo, k_hw))
+    if cols is None:
+        cols = _columns(x, k_hw, geo, out_hw)
+    return np.matmul(grad_g, cols.transpose(0, 2, 1)).reshape(w_shape)
 
 
 # ---- conv2d and depthwise_conv2d ----
@@ -314,7 +370,7 @@ def _conv_forward(Input, Filter, relu_first: bool, attrs: dict) -> np.ndarray:
     if relu_first:
         x = np.maximum(x, 0)
     geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
-    return _from_nchw(_conv(x, Filter, geo), channel_last)
+    return _from_nchw(_conv(x, Filter, geo, memo=True), channel_last)
 
 
 def _conv_backward(Input, Filter, Output_grad, relu_first: bool, attrs: dict, needs):
@@ -324,14 +380,15 @@ def _conv_backward(Input, Filter, Output_grad, relu_first: bool, attrs: dict, ne
     if relu_first:
         x = np.maximum(x, 0)
     geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
+    grad_g = _grouped_grad(grad, geo.groups)
     dx = dw = None
     if needs[0]:
-        dx = _conv_input_grad(grad, Filter, x.shape[2:], geo)
+        dx = _conv_input_grad(grad_g, Filter, grad.shape[2:], x.shape[2:], geo)
         if relu_first:
             dx = dx * (x > 0)
         dx = _from_nchw(dx, channel_last)
     if needs[1]:
-        dw = _conv_filter_grad(x, grad, Filter.shape, geo)
+        dw = _conv_filter_grad(x, grad_g, Filter.shape, grad.shape[2:], geo)
     return dx, dw
 
 
@@ -472,13 +529,19 @@ class conv2d_transpose:
 
     def forward(Input, Filter, **attrs):
         channel_last, x, geo, out_hw = _transpose_setup(Input, Filter, attrs)
-        return _from_nchw(_conv_input_grad(x, Filter, out_hw, geo), channel_last)
+        x_g = _grouped_grad(x, geo.groups)
+        return _from_nchw(_conv_input_grad(x_g, Filter, x.shape[2:], out_hw, geo), channel_last)
 
     def backward(Input, Filter, Output, Output_grad, needs=(True, True), **attrs):
         channel_last, x, geo, _ = _transpose_setup(Input, Filter, attrs)
         grad = _nchw(Output_grad, channel_last)
         dx = _from_nchw(_conv(grad, Filter, geo), channel_last) if needs[0] else None
-        dw = _conv_filter_grad(grad, x, Filter.shape, geo) if needs[1] else None
+        if needs[1]:
+            dw = _conv_filter_grad(
+                grad, _grouped_grad(x, geo.groups), Filter.shape, x.shape[2:], geo
+            )
+        else:
+            dw = None
         return dx, dw
 
 
