@@ -10,7 +10,7 @@ import nestflow as nf
 from tests.ops.harness import OpCase, case_id
 
 rng = np.random.default_rng(13)
-SHAPES = [(3, 4), (5,), (1,), ()]
+SHAPES = [(3, 4), (5,), (1,), (), (0, 3)]
 
 
 def normal(shape, dtype="float64"):
