@@ -204,15 +204,19 @@ class reshape:
 
     def specialize(X, shape):
         # X's shape known when built (the sizes were checked then; rank 0 is a Net's "not
-        # known yet"): X.reshape(target) as a C-level call, the view forward gives too. Views
-        # are safe: kernels never write their inputs, and the executor lends a buffer to an
-        # in-place op only when no view holds its array (plan._owned).
+        # known yet"): a reshape to X's own shape is X itself (np.asarray returns it), any
+        # other X.reshape(*dims) bound as a C-level call; both views of X, as forward gives.
+        # Views are safe: kernels never write their inputs, and the executor lends a buffer
+        # to an in-place op only when nothing else holds its memory (plan._owned).
         if X is None or not X.shape or not _known(X.shape):
             return None
         if any(d == 0 and i >= len(X.shape) for i, d in enumerate(shape)):
             return None
-        target = _resolve_reshape(X.shape, shape)
-        return operator.methodcaller("reshape", tuple(target))
+        dims = _infer_reshape_dims(X.shape, shape)
+        if dims == tuple(X.shape):
+            return np.asarray
+        # reshape(*dims) is faster than reshape(dims), but 0-d needs reshape(()).
+        return operator.methodcaller("reshape", *(dims or ((),)))
 
     def forward(X, shape):
         target = _resolve_reshape(X.shape, shape)

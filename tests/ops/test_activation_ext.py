@@ -396,8 +396,14 @@ def test_in_place_kernels_never_write_an_array_a_live_view_shares():
     u = nf.layers.tanh(nf.layers.reshape(view, [64, 80]))  # a view of a view: last use
     s = nf.layers.scale(x, scale=3.0)
     w = nf.layers.exp(nf.layers.reshape(s, [80, 64]))  # s dead after the reshape: may go in place
-    got = nf.Executor().run(feed={"x": xs}, fetch_list=[view, r, u, w], scope=nf.Scope())
+    q = nf.layers.scale(x, scale=4.0)
+    a = nf.layers.relu(nf.layers.reshape(q, [64, 80]))  # a reshape to q's shape is q itself
+    b = nf.layers.tanh(q)  # ... and q is read after that relu
+    fetch = [view, r, u, w, a, b]
+    got = nf.Executor().run(feed={"x": xs}, fetch_list=fetch, scope=nf.Scope())
     np.testing.assert_array_equal(got[0], (2 * xs).reshape(80, 64))
     np.testing.assert_array_equal(got[1], np.maximum(2 * xs, 0))
     np.testing.assert_array_equal(got[2], np.tanh(2 * xs))
     np.testing.assert_array_equal(got[3], np.exp(3 * xs).reshape(80, 64))
+    np.testing.assert_array_equal(got[4], np.maximum(4 * xs, 0))
+    np.testing.assert_array_equal(got[5], np.tanh(4 * xs))
