@@ -1,4 +1,4 @@
-"""`nestflow demo [--model mlp|rnn] [--epochs N] [--out DIR]` and `nestflow show DIR`."""
+"""`nestflow demo [--model mlp|rnn|conv] [--epochs N] [--out DIR]` and `nestflow show DIR`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="train a model on scikit-learn's bundled 8x8 digits, save and reload it"
     )
-    demo.add_argument("--model", choices=("mlp", "rnn"), default="mlp")
+    demo.add_argument("--model", choices=("mlp", "rnn", "conv"), default="mlp")
     demo.add_argument("--epochs", type=int, default=None, help="passes over the training set")
     demo.add_argument("--out", default=None, help="directory for the saved model (default: temp)")
     demo.add_argument("--seed", type=int, default=0)
@@ -28,8 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--min-accuracy",
         type=float,
-        default=0.97,
-        help="exit with status 1 if held-out accuracy is below this (default 0.97)",
+        default=None,
+        help="exit with status 1 if held-out accuracy is below this (default: the demo's "
+        "MIN_ACCURACY, 0.97 for mlp, 0.985 for conv)",
     )
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     show = commands.add_parser("show", help="print the program listing of a saved model")
@@ -57,7 +58,10 @@ def _demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return importlib.import_module(module_name).run(args)
+    module = importlib.import_module(module_name)
+    if args.min_accuracy is None:
+        args.min_accuracy = getattr(module, "MIN_ACCURACY", 0.97)
+    return module.run(args)
 
 
 def _show(path: str) -> int:

@@ -5,30 +5,21 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from nestflow.core.dtype import is_floating
-from nestflow.errors import AttrError, DTypeError, NestflowError, OpLocation, ShapeError
+from nestflow.errors import AttrError, ShapeError
 from nestflow.framework import unique_name
-from nestflow.framework.program import VarDesc, user_source_line
-from nestflow.layers.helper import as_float, create_parameter, current_block, parameter_from_attr
+from nestflow.framework.program import VarDesc
+from nestflow.layers.helper import (
+    as_float,
+    create_parameter,
+    current_block,
+    layer_error,
+    parameter_from_attr,
+    require_float_input,
+)
 from nestflow.layers.initializer import Constant
 from nestflow.layers.nn import activation
 
 __all__ = ["batch_norm", "layer_norm"]
-
-
-def _error(kind: type[NestflowError], op: str, message: str) -> NestflowError:
-    """An error found by the layer before its op exists, located at the user's line."""
-    return kind(message, location=OpLocation(op, source=user_source_line()))
-
-
-def _require_float(input: VarDesc, op: str) -> None:
-    if not is_floating(input.dtype):
-        raise _error(
-            DTypeError,
-            op,
-            f"input '{input.name}' is {input.dtype}{list(input.shape)}; {op} makes float "
-            "parameters and needs a floating-point input (cast it first)",
-        )
 
 
 def _append(op_type: str, prefix: str, inputs: dict, outputs: dict, attrs: dict) -> VarDesc:
@@ -84,13 +75,13 @@ def batch_norm(
     (-1, 3, 8, 8)
     """
     prefix = name or unique_name.generate("batch_norm")
-    _require_float(input, "batch_norm")
+    require_float_input(input, "batch_norm")
     if data_layout not in ("NCHW", "NHWC"):
-        raise _error(
+        raise layer_error(
             AttrError, "batch_norm", f"data_layout must be 'NCHW' or 'NHWC', got {data_layout!r}"
         )
     if not 2 <= input.ndim <= 5:
-        raise _error(
+        raise layer_error(
             ShapeError,
             "batch_norm",
             f"input '{input.name}' {list(input.shape)} has rank {input.ndim}; batch_norm takes "
@@ -99,7 +90,7 @@ def batch_norm(
     axis = 1 if data_layout == "NCHW" else input.ndim - 1
     channels = input.shape[axis]
     if channels <= 0:
-        raise _error(
+        raise layer_error(
             ShapeError,
             "batch_norm",
             f"input '{input.name}' {list(input.shape)} needs a known channel count in dim "
@@ -110,7 +101,7 @@ def batch_norm(
     scale = parameter_from_attr(param_attr, shape, dtype, f"{prefix}.w", Constant(1.0))
     bias = parameter_from_attr(bias_attr, shape, dtype, f"{prefix}.b", Constant(0.0))
     if scale is None or bias is None:
-        raise _error(
+        raise layer_error(
             AttrError, "batch_norm", "param_attr and bias_attr cannot be False: the op needs both"
         )
     running = []
@@ -166,13 +157,13 @@ def layer_norm(
     (-1, 4, 6)
     """
     prefix = name or unique_name.generate("layer_norm")
-    _require_float(input, "layer_norm")
+    require_float_input(input, "layer_norm")
     if isinstance(begin_norm_axis, bool) or not isinstance(begin_norm_axis, int):
-        raise _error(
+        raise layer_error(
             AttrError, "layer_norm", f"begin_norm_axis must be an int, got {begin_norm_axis!r}"
         )
     if not 1 <= begin_norm_axis < input.ndim:
-        raise _error(
+        raise layer_error(
             ShapeError,
             "layer_norm",
             f"begin_norm_axis={begin_norm_axis} is out of range for input '{input.name}' "
@@ -180,7 +171,7 @@ def layer_norm(
         )
     row = input.shape[begin_norm_axis:]
     if any(d < 0 for d in row):
-        raise _error(
+        raise layer_error(
             ShapeError,
             "layer_norm",
             f"input '{input.name}' {list(input.shape)} needs known dims from dim "
@@ -195,7 +186,7 @@ def layer_norm(
         if not wanted:
             continue
         if attr is False:
-            raise _error(
+            raise layer_error(
                 AttrError,
                 "layer_norm",
                 f"{'param_attr' if slot == 'Scale' else 'bias_attr'} is False but "
