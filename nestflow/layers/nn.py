@@ -26,6 +26,7 @@ from nestflow.layers.helper import (
     zeros_initializer,
 )
 from nestflow.layers.initializer import Xavier
+from nestflow.layers.tensor import reduce_mean, reduce_sum  # noqa: F401 (moved to tensor.py)
 from nestflow.ops.activation import ACTIVATIONS
 
 Number = (int, float)
@@ -247,20 +248,6 @@ def mean(x, name=None) -> VarDesc:
     return append_op("mean", {"X": x}, name=name)
 
 
-def _reduce(op_type, x, dim, keep_dim, name):
-    dims = [] if dim is None else ([dim] if isinstance(dim, int) else list(dim))
-    attrs = {"dim": dims, "keep_dim": keep_dim, "reduce_all": dim is None}
-    return append_op(op_type, {"X": x}, attrs, name=name)
-
-
-def reduce_sum(x, dim=None, keep_dim: bool = False, name=None) -> VarDesc:
-    return _reduce("reduce_sum", x, dim, keep_dim, name)
-
-
-def reduce_mean(x, dim=None, keep_dim: bool = False, name=None) -> VarDesc:
-    return _reduce("reduce_mean", x, dim, keep_dim, name)
-
-
 def _compare(op_type, x, y, out, name):
     if isinstance(y, Number):
         y = fill_constant([1], x.dtype, y)
@@ -434,8 +421,6 @@ __all__ = [
     "matmul",
     "mean",
     "mul",
-    "reduce_mean",
-    "reduce_sum",
     "relu",
     "reshape",
     "scale",

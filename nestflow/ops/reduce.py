@@ -1,13 +1,18 @@
-"""Reductions: mean (of everything, a 0-d result), reduce_sum and reduce_mean over chosen dims.
+"""Reductions: mean (of everything, a 0-d result) and reduce_sum/mean/max/min/prod/all/any over
+chosen dims.
 
-A reduction over no elements follows NumPy: sums are 0 and means are NaN (without a warning).
+The reduce ops take Fluid's attrs and defaults: `dim` [0], `keep_dim` False, `reduce_all`
+False (an empty `dim` also reduces every dim). Reducing every dim without keep_dim gives a 0-d
+result (Fluid gives [1]), as `mean` does. A reduction over no elements follows NumPy: sums are
+0, products 1, means NaN (without a warning), all True, any False; max and min of nothing are
+a ShapeError.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from nestflow.errors import DTypeError
+from nestflow.errors import DTypeError, ShapeError
 from nestflow.ops.registry import VarInfo, fail, register_op
 
 
@@ -39,7 +44,7 @@ class mean:
 
 
 def _reduced_axes(ndim: int, dim: list, reduce_all: bool) -> tuple[int, ...]:
-    """The axes a reduce op sums over; raises ShapeError for dims outside X or repeated."""
+    """The axes a reduce op reduces; raises ShapeError for dims outside X or repeated."""
     if reduce_all or not dim or ndim == 0:
         return tuple(range(ndim))
     axes = []
@@ -50,6 +55,10 @@ def _reduced_axes(ndim: int, dim: list, reduce_all: bool) -> tuple[int, ...]:
     if len(set(axes)) != len(axes):
         fail(f"dim {list(dim)} names an axis twice")
     return tuple(sorted(axes))
+
+
+# Fluid's ReduceOpMaker: dim defaults to [0], not to every dim.
+_REDUCE_ATTRS = {"dim": [0], "keep_dim": False, "reduce_all": False}
 
 
 def _infer_reduce(X: VarInfo, dim: list, keep_dim: bool, reduce_all: bool) -> VarInfo:
@@ -73,7 +82,7 @@ class reduce_sum:
     keeps the reduced dims as size 1. Out keeps X's dtype."""
 
     inputs, outputs = ("X",), ("Out",)
-    attrs = {"dim": [], "keep_dim": False, "reduce_all": False}
+    attrs = _REDUCE_ATTRS
     infer = _infer_reduce
 
     def forward(X, dim, keep_dim, reduce_all):
@@ -89,7 +98,7 @@ class reduce_mean:
     """Out = the mean of X over `dim` (all dims when `dim` is empty or `reduce_all`)."""
 
     inputs, outputs = ("X",), ("Out",)
-    attrs = {"dim": [], "keep_dim": False, "reduce_all": False}
+    attrs = _REDUCE_ATTRS
 
     def infer(X, dim, keep_dim, reduce_all):
         _require_float(X, "reduce_mean")
@@ -104,3 +113,131 @@ class reduce_mean:
         axes = _reduced_axes(X.ndim, dim, reduce_all)
         count = max(int(np.prod([X.shape[a] for a in axes])), 1)
         return (_spread(Out_grad / np.asarray(count, Out_grad.dtype), X, axes),)
+
+
+def _infer_extreme(X: VarInfo, dim: list, keep_dim: bool, reduce_all: bool) -> VarInfo:
+    if X.dtype == "bool":
+        raise DTypeError("X is bool; use reduce_all/reduce_any, or cast it first")
+    axes = _reduced_axes(X.ndim, dim, reduce_all)
+    empty = [a for a in axes if X.shape[a] == 0]
+    if empty:
+        fail(f"dim {empty[0]} of X {list(X.shape)} is empty: it has no extreme element")
+    return _infer_reduce(X, dim, keep_dim, reduce_all)
+
+
+def _extreme(find):
+    def forward(X, dim, keep_dim, reduce_all):
+        axes = _reduced_axes(X.ndim, dim, reduce_all)
+        if any(X.shape[a] == 0 for a in axes):
+            raise ShapeError(f"X {list(X.shape)} has no elements along dims {list(axes)}")
+        return np.asarray(find(X, axis=axes, keepdims=keep_dim))
+
+    return forward
+
+
+def _extreme_grad(X, Out, Out_grad, dim, keep_dim, reduce_all):
+    """The gradient of max/min goes to the positions holding the extreme value, split evenly
+    when several tie (torch.amax's rule; Fluid gives each tied position the whole gradient)."""
+    axes = _reduced_axes(X.ndim, dim, reduce_all)
+    kept = tuple(1 if i in axes else d for i, d in enumerate(X.shape))
+    out = Out.reshape(kept)
+    hits = X == out
+    if X.dtype.kind == "f":
+        hits |= np.isnan(X) & np.isnan(out)  # a NaN extreme came from the NaN positions
+    share = Out_grad.reshape(kept) / hits.sum(axis=axes, keepdims=True)
+    return (np.where(hits, share, np.zeros((), Out_grad.dtype)).astype(X.dtype, copy=False),)
+
+
+@register_op
+class reduce_max:
+    """Out = the largest element of X over `dim` (NaN wins, as in np.max); the gradient goes
+    to the maximal positions, split evenly between ties."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = _REDUCE_ATTRS
+    infer = _infer_extreme
+
+    forward = _extreme(np.max)
+    backward = _extreme_grad
+
+
+@register_op
+class reduce_min:
+    """Out = the smallest element of X over `dim`; the gradient goes to the minimal positions,
+    split evenly between ties."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = _REDUCE_ATTRS
+    infer = _infer_extreme
+
+    forward = _extreme(np.min)
+    backward = _extreme_grad
+
+
+def _product_of_others(X: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """For each element, the product of the other elements of its reduced group, without
+    dividing (exact with zeros): exclusive running products from the left and the right."""
+    kept = [i for i in range(X.ndim) if i not in axes]
+    order = kept + list(axes)
+    moved = np.transpose(X, order)
+    count = int(np.prod([X.shape[a] for a in axes]))
+    if count == 0:
+        return np.zeros(X.shape, X.dtype)
+    rows = moved.reshape(moved.shape[: len(kept)] + (count,))
+    ones = np.ones(rows.shape[:-1] + (1,), X.dtype)
+    left = np.cumprod(np.concatenate([ones, rows[..., :-1]], axis=-1), axis=-1)
+    right = np.cumprod(np.concatenate([ones, rows[..., :0:-1]], axis=-1), axis=-1)[..., ::-1]
+    return (left * right).reshape(moved.shape).transpose(np.argsort(order))
+
+
+@register_op
+class reduce_prod:
+    """Out = the product of X over `dim`; the gradient is exact where X holds zeros (each
+    element's gradient is the product of the others in its group, never Out / X)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = _REDUCE_ATTRS
+    infer = _infer_reduce
+
+    def forward(X, dim, keep_dim, reduce_all):
+        axes = _reduced_axes(X.ndim, dim, reduce_all)
+        return np.asarray(np.prod(X, axis=axes, keepdims=keep_dim, dtype=X.dtype))
+
+    def backward(X, Out, Out_grad, dim, keep_dim, reduce_all):
+        axes = _reduced_axes(X.ndim, dim, reduce_all)
+        others = _product_of_others(X, axes)
+        return ((others * _spread(Out_grad, X, axes)).astype(X.dtype, copy=False),)
+
+
+def _infer_logical(X: VarInfo, dim: list, keep_dim: bool, reduce_all: bool) -> VarInfo:
+    if X.dtype != "bool":
+        raise DTypeError(f"X must be bool, got {X.dtype}; compare or cast it first")
+    return _infer_reduce(X, dim, keep_dim, reduce_all)
+
+
+def _logical(test):
+    def forward(X, dim, keep_dim, reduce_all):
+        axes = _reduced_axes(X.ndim, dim, reduce_all)
+        return np.asarray(test(X, axis=axes, keepdims=keep_dim))
+
+    return forward
+
+
+@register_op
+class reduce_all:
+    """Out = whether every element of bool X over `dim` is True (True over no elements)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = _REDUCE_ATTRS
+    infer = _infer_logical
+    forward = _logical(np.all)
+
+
+@register_op
+class reduce_any:
+    """Out = whether any element of bool X over `dim` is True (False over no elements)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = _REDUCE_ATTRS
+    infer = _infer_logical
+    forward = _logical(np.any)

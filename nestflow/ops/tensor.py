@@ -370,24 +370,47 @@ def _sliced_dim(dim: int, s: builtins.slice) -> int:
     return len(range(*s.indices(dim)))
 
 
+def decreased_shape(shape: tuple[int, ...], decrease_axis: list[int]) -> tuple[int, ...]:
+    """`shape` without the dims in `decrease_axis`, each of which must be 1 (or unknown).
+    Dropping every dim gives a 0-d result (Fluid gives [1]), as x[0] of a vector does."""
+    drop = set()
+    for axis in decrease_axis:
+        ax = _axis(axis, len(shape), f"the sliced shape {list(shape)}")
+        if shape[ax] not in (1, -1):
+            fail(f"decrease_axis {decrease_axis} drops dim {ax} of {list(shape)}, not of size 1")
+        drop.add(ax)
+    return tuple(d for i, d in enumerate(shape) if i not in drop)
+
+
 @register_op
 class slice:
-    """Out = Input[starts:ends] along each of `axes` (Python slicing rules, step 1)."""
+    """Out = Input[starts:ends] along each of `axes` (Python slicing rules, step 1); then the
+    dims in `decrease_axis` (each of size 1) are dropped, as Input[i] drops one. `infer_flags`
+    is accepted for Fluid programs and ignored (starts and ends are always attrs here)."""
 
     inputs, outputs = ("Input",), ("Out",)
-    attrs = {"axes": Required(list), "starts": Required(list), "ends": Required(list)}
+    attrs = {
+        "axes": Required(list),
+        "starts": Required(list),
+        "ends": Required(list),
+        "infer_flags": [],
+        "decrease_axis": [],
+    }
 
-    def infer(Input, axes, starts, ends):
+    def infer(Input, axes, starts, ends, infer_flags, decrease_axis):
         index = _slices(Input.shape, axes, starts, ends, f"Input {list(Input.shape)}")
-        return VarInfo(tuple(_sliced_dim(d, s) for d, s in zip(Input.shape, index)), Input.dtype)
+        shape = tuple(_sliced_dim(d, s) for d, s in zip(Input.shape, index))
+        return VarInfo(decreased_shape(shape, decrease_axis), Input.dtype)
 
-    def forward(Input, axes, starts, ends):
+    def forward(Input, axes, starts, ends, infer_flags, decrease_axis):
         # Copy: a view would tie Out's memory to Input's.
-        return Input[tuple(_slices(Input.shape, axes, starts, ends, "Input"))].copy()
+        out = Input[tuple(_slices(Input.shape, axes, starts, ends, "Input"))].copy()
+        return out.reshape(decreased_shape(out.shape, decrease_axis)) if decrease_axis else out
 
-    def backward(Input, Out, Out_grad, axes, starts, ends):
+    def backward(Input, Out, Out_grad, axes, starts, ends, infer_flags, decrease_axis):
         grad = np.zeros(Input.shape, Out_grad.dtype)
-        grad[tuple(_slices(Input.shape, axes, starts, ends, "Input"))] = Out_grad
+        index = tuple(_slices(Input.shape, axes, starts, ends, "Input"))
+        grad[index] = Out_grad.reshape(grad[index].shape) if decrease_axis else Out_grad
         return (grad,)
 
 

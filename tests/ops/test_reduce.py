@@ -26,12 +26,12 @@ def _axes(X, dim, reduce_all):
     return None if reduce_all or not dim else tuple(dim)
 
 
-def reduce_sum_ref(X, dim=(), keep_dim=False, reduce_all=False):
+def reduce_sum_ref(X, dim=(0,), keep_dim=False, reduce_all=False):
     axes = _axes(X, dim, reduce_all)
     return {"Out": np.asarray(np.sum(X, axis=axes, keepdims=keep_dim, dtype=X.dtype))}
 
 
-def reduce_mean_ref(X, dim=(), keep_dim=False, reduce_all=False):
+def reduce_mean_ref(X, dim=(0,), keep_dim=False, reduce_all=False):
     axes = _axes(X, dim, reduce_all)
     total = np.sum(X.astype("float64"), axis=axes, keepdims=keep_dim)
     count = int(np.prod([X.shape[a] for a in (axes or range(X.ndim))]))
@@ -50,13 +50,14 @@ REDUCE_CASES = [
 
 # (id, X shape, attrs)
 REDUCTIONS = [
-    ("all_by_empty_dim", (3, 4), {}),
+    ("default_dim_is_0", (3, 4), {}),  # Fluid's ReduceOpMaker default
+    ("all_by_empty_dim", (3, 4), {"dim": []}),
     ("reduce_all", (2, 3, 4), {"dim": [1], "reduce_all": True}),
     ("dim0", (3, 4), {"dim": [0]}),
     ("dim_last_negative", (2, 3, 4), {"dim": [-1]}),
     ("two_dims", (2, 3, 4), {"dim": [0, 2]}),
     ("keep_dim", (2, 3, 4), {"dim": [1], "keep_dim": True}),
-    ("keep_dim_all", (2, 3), {"keep_dim": True}),
+    ("keep_dim_all", (2, 3), {"reduce_all": True, "keep_dim": True}),
     ("size1_dim", (3, 1, 2), {"dim": [1]}),
     ("empty_batch_kept_rows", (0, 3), {"dim": [1]}),
     ("empty_batch_reduced", (0, 3), {"dim": [0]}),
