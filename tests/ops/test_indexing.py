@@ -132,6 +132,12 @@ SEARCH_CASES = [
            id="top_k-ties_smaller_index_first"),
     OpCase("top_k", {"X": R.integers(0, 4, (3, 6)).astype("int32")}, top_k_ref, {"k": 4},
            id="top_k-int32"),
+    # k well below the row length: the argpartition path, and its fallback when values equal
+    # to the k-th largest straddle the cut
+    OpCase("top_k", {"X": distinct(3, 80)}, top_k_ref, {"k": 5}, grad=("X",),
+           id="top_k-partitioned"),
+    OpCase("top_k", {"X": R.integers(0, 6, (4, 70)).astype("int64")}, top_k_ref, {"k": 9},
+           id="top_k-partitioned_ties_at_the_cut"),
 ]  # fmt: skip
 
 
@@ -460,12 +466,14 @@ def test_topk_argmax_argmin_match_torch():
     np.testing.assert_array_equal(got[3], torch.argmin(t, dim=0).numpy())
 
 
-def test_topk_ranks_nan_first_like_torch():
+@pytest.mark.parametrize("width,k", [(4, 2), (90, 3)], ids=["full_sort", "partitioned"])
+def test_topk_ranks_nan_first_like_torch(width, k):
     torch = pytest.importorskip("torch")
-    x = np.array([[1.0, np.nan, 3.0, -2.0]])
-    values, indices = L.topk(L.data("x", [1, 4], "float64"), k=2)
+    x = distinct(2, width)
+    x[0, [1, width // 2]] = np.nan
+    values, indices = L.topk(L.data("x", [2, width], "float64"), k=k)
     got = _run([values, indices], {"x": x})
-    want = torch.topk(torch.tensor(x), 2)
+    want = torch.topk(torch.tensor(x), k)
     np.testing.assert_array_equal(got[1], want.indices.numpy())
     np.testing.assert_array_equal(got[0], want.values.numpy())
 
