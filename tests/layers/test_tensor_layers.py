@@ -280,3 +280,12 @@ def test_bad_layer_arguments():
         L.fill_constant_batch_size_like(x, [1, 3], "float32", 0.0, output_dim_idx=2)
     with pytest.raises(ShapeError, match="num=4 differs from dim 1"):
         L.unstack(x, axis=1, num=4)
+
+
+def test_unstack_gradient_with_only_some_parts_used():
+    x = L.data("x", [3, 2], "float64")
+    x.stop_gradient = False
+    _, middle, _ = L.unstack(x)
+    nf.append_backward(L.reduce_sum(middle * 3.0))
+    (grad,) = _run(["x@GRAD"], {"x": np.ones((3, 2))})
+    np.testing.assert_array_equal(grad, [[0, 0], [3, 3], [0, 0]])
