@@ -232,6 +232,14 @@ def _row_ids(info: VarInfo, slot: str) -> None:
         fail(f"{slot} must be [N] or [N, 1], got {list(info.shape)}")
 
 
+def _ids_vector(ids: np.ndarray, slot: str) -> np.ndarray:
+    """Ids [N] or [N, 1] as a vector; ShapeError for a column count other than 1 that the
+    build could not see (a -1 dim)."""
+    if ids.ndim == 2 and ids.shape[1] != 1:
+        raise ShapeError(f"{slot} {list(ids.shape)} must be [N] or [N, 1]")
+    return ids.reshape(-1)
+
+
 def _last_occurrences(ids: np.ndarray) -> np.ndarray:
     """Positions in `ids` of the last occurrence of each distinct value."""
     _, first_from_end = np.unique(ids[::-1], return_index=True)
@@ -259,12 +267,12 @@ class gather:
         return VarInfo(Index.shape[:1] + X.shape[1:], X.dtype)
 
     def forward(X, Index, overwrite):
-        ids = Index.reshape(-1)
+        ids = _ids_vector(Index, "Index")
         check_index_range(ids, X.shape[0], f"gather from X {list(X.shape)}")
         return X[ids]
 
     def backward(X, Index, Out, Out_grad, overwrite):
-        ids = Index.reshape(-1)
+        ids = _ids_vector(Index, "Index")
         grad = np.zeros(X.shape, Out_grad.dtype)
         if overwrite:
             last = _last_occurrences(ids)
@@ -348,7 +356,7 @@ class scatter:
         return X
 
     def forward(X, Ids, Updates, overwrite):
-        ids = Ids.reshape(-1)
+        ids = _ids_vector(Ids, "Ids")
         check_index_range(ids, X.shape[0], f"scatter into X {list(X.shape)}")
         if Updates.shape[0] != ids.size:
             raise ShapeError(f"Updates {list(Updates.shape)} has not one row per id ({ids.size})")
@@ -362,7 +370,7 @@ class scatter:
         return out
 
     def backward(X, Ids, Updates, Out, Out_grad, overwrite):
-        ids = Ids.reshape(-1)
+        ids = _ids_vector(Ids, "Ids")
         dx = Out_grad.copy()
         dx[ids] = 0
         if overwrite:

@@ -622,3 +622,13 @@ def test_build_time_errors_name_the_problem():
         L.strided_slice(x, [0], [0], [2], [0])
     with pytest.raises(DTypeError, match="Condition must be bool"):
         L.where(x, x, x)
+
+
+def test_index_columns_unknown_at_build_time_are_checked_at_run_time():
+    x = L.data("x", [4, 2], "float32")
+    out = L.gather(x, L.data("i", [-1, -1], "int64"))
+    feed = {"x": np.zeros((4, 2), "float32"), "i": np.zeros((2, 3), np.int64)}
+    with pytest.raises(
+        ShapeError, match=r"op 'gather'(.|\n)*Index \[2, 3\] must be \[N\] or \[N, 1\]"
+    ):  # noqa: E501
+        _run([out], feed)
