@@ -402,9 +402,19 @@ class slice:
         shape = tuple(_sliced_dim(d, s) for d, s in zip(Input.shape, index))
         return VarInfo(decreased_shape(shape, decrease_axis), Input.dtype)
 
+    def specialize(Input, axes, starts, ends, infer_flags, decrease_axis):
+        # Input[index] bound as a C-level call; a slice keeping every dim (all known when
+        # built) whole is Input itself. Views, as forward gives: see reshape.specialize.
+        if Input is None or not Input.shape or decrease_axis:
+            return None
+        index = _slices(Input.shape, axes, starts, ends, "Input")
+        if all(d >= 0 and s.indices(d) == (0, d, 1) for d, s in zip(Input.shape, index)):
+            return np.asarray
+        return operator.itemgetter(tuple(index))
+
     def forward(Input, axes, starts, ends, infer_flags, decrease_axis):
-        # Copy: a view would tie Out's memory to Input's.
-        out = Input[tuple(_slices(Input.shape, axes, starts, ends, "Input"))].copy()
+        # A view of Input, as NumPy's slicing gives (see reshape.specialize on views).
+        out = Input[tuple(_slices(Input.shape, axes, starts, ends, "Input"))]
         return out.reshape(decreased_shape(out.shape, decrease_axis)) if decrease_axis else out
 
     def backward(Input, Out, Out_grad, axes, starts, ends, infer_flags, decrease_axis):

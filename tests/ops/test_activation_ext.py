@@ -407,3 +407,22 @@ def test_in_place_kernels_never_write_an_array_a_live_view_shares():
     np.testing.assert_array_equal(got[3], np.exp(3 * xs).reshape(80, 64))
     np.testing.assert_array_equal(got[4], np.maximum(4 * xs, 0))
     np.testing.assert_array_equal(got[5], np.tanh(4 * xs))
+
+
+def test_slices_are_views_that_in_place_kernels_respect():
+    """slice gives a view (a whole-range slice gives its input itself), under the same rules
+    as reshape's: values stay right whether or not a buffer may be lent."""
+    xs = normal(64, 80)
+    x = nf.data("x", [64, 80], "float64")
+    t = nf.layers.scale(x, scale=2.0)
+    part = nf.layers.slice(t, axes=[0], starts=[10], ends=[40])
+    whole = nf.layers.slice(t, axes=[0, 1], starts=[0, -80], ends=[64, 10**9])
+    r = nf.layers.relu(t)  # t's last use, while both slices of it are fetched
+    s = nf.layers.scale(x, scale=3.0)
+    e = nf.layers.exp(nf.layers.slice(s, axes=[1], starts=[5], ends=[-5]))  # s dead: may lend
+    fetch = [part, whole, r, e]
+    got = nf.Executor().run(feed={"x": xs}, fetch_list=fetch, scope=nf.Scope())
+    np.testing.assert_array_equal(got[0], 2 * xs[10:40])
+    np.testing.assert_array_equal(got[1], 2 * xs)
+    np.testing.assert_array_equal(got[2], np.maximum(2 * xs, 0))
+    np.testing.assert_array_equal(got[3], np.exp(3 * xs[:, 5:-5]))
