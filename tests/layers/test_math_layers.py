@@ -24,7 +24,7 @@ FLUID_SIGNATURES = {
     "clip": "(x, min, max, name=None)",
     "leaky_relu": "(x, alpha=0.02, name=None)",
     "elu": "(x, alpha=1.0, name=None)",
-    "gelu": "(x, approximate=False, name=None)",
+    "gelu": "(x, approximate=False, name=None)",  # Fluid 1.8 has no name; one more is harmless
     "softplus": "(x, name=None)",
     "softsign": "(x, name=None)",
     "swish": "(x, beta=1.0, name=None)",
