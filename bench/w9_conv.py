@@ -65,10 +65,13 @@ def make_torch(x, w, upstream, padding: int, torch) -> Callable[[], list]:
 
 
 def agree(got: list, want: list) -> bool:
-    return all(
-        np.allclose(np.asarray(a), b.detach().numpy(), rtol=1e-3, atol=1e-3)
-        for a, b in zip(got, want)
-    )
+    """Each result within 1e-4 of the other's largest magnitude (float32 sums over 25088
+    products, rounded differently by each algorithm)."""
+    for a, b in zip(got, want):
+        b = b.detach().numpy()
+        if np.abs(np.asarray(a) - b).max() > 1e-4 * np.abs(b).max():
+            return False
+    return True
 
 
 @contextmanager

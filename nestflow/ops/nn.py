@@ -22,6 +22,7 @@ import numpy as np
 
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
+from nestflow.ops import winograd
 from nestflow.ops.registry import Required, VarInfo, fail, register_op
 
 __all__: list[str] = []
@@ -289,39 +290,92 @@ def _grouped_grad(grad: np.ndarray, groups: int) -> np.ndarray:
     )
 
 
+# A 1x1 conv over images at least this large runs one GEMM per image on the data as it lies
+# (no rearranging copies); on smaller images those GEMMs are too small to run well.
+_POINTWISE_MIN_PIXELS = 256
+
+
+def _kernel(w_shape, geo: _ConvGeometry, out_hw, dtype) -> str:
+    """Which kernels compute a conv: "winograd" (3x3, stride 1), "pointwise" (1x1 stride 1
+    unpadded on large images) or "im2col" (everything else)."""
+    if winograd.applies(w_shape, geo.strides, geo.dilations, geo.groups, dtype):
+        return "winograd"
+    pointwise = tuple(w_shape[2:]) == (1, 1) and geo.strides == (1, 1) and not any(geo.pads)
+    if pointwise and out_hw[0] * out_hw[1] >= _POINTWISE_MIN_PIXELS:
+        return "pointwise"
+    return "im2col"
+
+
+def _per_image(a: np.ndarray, groups: int) -> np.ndarray:
+    """a [N, C, H, W] as [N, groups, C/g, H * W] (a view of contiguous data)."""
+    n, c, h, w = a.shape
+    return a.reshape(n, groups, c // groups, h * w)
+
+
 def _conv(x: np.ndarray, w: np.ndarray, geo: _ConvGeometry, memo: bool = False) -> np.ndarray:
-    """Convolution of x [N, C, H, W] with w [M, C/g, kh, kw]: [N, M, OH, OW]. One GEMM per
-    group over all images at once (per-image GEMMs are too small on small images). With
-    `memo` the columns are kept for _conv_filter_grad."""
+    """Convolution of x [N, C, H, W] with w [M, C/g, kh, kw]: [N, M, OH, OW] (kernels by
+    _kernel; im2col runs one GEMM per group over all images at once, as per-image GEMMs are
+    too small on small images). With `memo` the rearranged input is kept for
+    _conv_filter_grad."""
     m, cg, kh, kw = w.shape
+    g = geo.groups
     out_hw = geo.out_hw(x.shape[2:], (kh, kw))
+    kernel = _kernel(w.shape, geo, out_hw, x.dtype)
+    if kernel == "winograd":
+        out, v = winograd.conv(x, w, geo.pads)
+        if memo:
+            _COLUMNS.put(x, (geo, "winograd"), v)
+        return out
+    if kernel == "pointwise":
+        out = np.matmul(w.reshape(g, m // g, cg), _per_image(x, g))
+        return out.reshape((x.shape[0], m) + out_hw)
     cols = _columns(x, (kh, kw), geo, out_hw)
     if memo:
         _COLUMNS.put(x, (geo, (kh, kw)), cols)
-    out = np.matmul(w.reshape(geo.groups, m // geo.groups, cg * kh * kw), cols)
+    out = np.matmul(w.reshape(g, m // g, cg * kh * kw), cols)
     return _batch_major(out.reshape((m, x.shape[0]) + out_hw))
 
 
-def _conv_input_grad(grad_g: np.ndarray, w: np.ndarray, out_hw, in_hw, geo: _ConvGeometry):
-    """d(conv)/d(input) applied to grad_g (_grouped_grad of [N, M, OH, OW]): [N, C, H, W]."""
+def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None) -> np.ndarray:
+    """d(conv)/d(input) applied to grad [N, M, OH, OW]: [N, C, H, W] for input size in_hw.
+    grad_g: grad in _grouped_grad's layout, if the caller has it."""
     m, cg, kh, kw = w.shape
     g = geo.groups
+    kernel = _kernel(w.shape, geo, grad.shape[2:], grad.dtype)
+    if kernel == "winograd":
+        dx = winograd.input_grad(grad, w, geo.pads)
+        if dx is not None:
+            return dx
+    if kernel == "pointwise":
+        dx = np.matmul(w.reshape(g, m // g, cg).transpose(0, 2, 1), _per_image(grad, g))
+        return dx.reshape((grad.shape[0], g * cg) + tuple(in_hw))
+    grad_g = _grouped_grad(grad, g) if grad_g is None else grad_g
     wt = w.reshape(g, m // g, cg * kh * kw).transpose(0, 2, 1)
-    n = grad_g.shape[2] // math.prod(out_hw)
-    cols = np.matmul(wt, grad_g).reshape((g * cg, kh, kw, n) + tuple(out_hw))
+    cols = np.matmul(wt, grad_g).reshape((g * cg, kh, kw) + grad.shape[:1] + grad.shape[2:])
     top, bottom, left, right = geo.pads
     h, wd = in_hw
     padded = _col2im(cols, (h + top + bottom, wd + left + right), geo.strides, geo.dilations)
     return _batch_major(padded[:, :, top : top + h, left : left + wd])
 
 
-def _conv_filter_grad(x: np.ndarray, grad_g: np.ndarray, w_shape, out_hw, geo: _ConvGeometry):
-    """d(conv)/d(filter) for input x [N, C, H, W] and grad_g (_grouped_grad): w_shape."""
+def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=None):
+    """d(conv)/d(filter) for input x [N, C, H, W] and grad [N, M, OH, OW]: w_shape.
+    grad_g: grad in _grouped_grad's layout, if the caller has it."""
+    kernel = _kernel(w_shape, geo, grad.shape[2:], x.dtype)
+    if kernel == "winograd":
+        v = _COLUMNS.take(x, (geo, "winograd"))
+        if v is None:
+            v = winograd.input_transform(x, geo.pads, grad.shape[2:])
+        return winograd.filter_grad(v, grad)
+    if kernel == "pointwise":
+        per_image = winograd.matmul_nt(_per_image(grad, geo.groups), _per_image(x, geo.groups))
+        return per_image.sum(axis=0).reshape(w_shape)
     k_hw = tuple(w_shape[2:])
     cols = _COLUMNS.take(x, (geo, k_hw))
     if cols is None:
-        cols = _columns(x, k_hw, geo, out_hw)
-    return np.matmul(grad_g, cols.transpose(0, 2, 1)).reshape(w_shape)
+        cols = _columns(x, k_hw, geo, grad.shape[2:])
+    grad_g = _grouped_grad(grad, geo.groups) if grad_g is None else grad_g
+    return winograd.matmul_nt(grad_g, cols).reshape(w_shape)
 
 
 # ---- conv2d and depthwise_conv2d ----
@@ -380,15 +434,17 @@ def _conv_backward(Input, Filter, Output_grad, relu_first: bool, attrs: dict, ne
     if relu_first:
         x = np.maximum(x, 0)
     geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
-    grad_g = _grouped_grad(grad, geo.groups)
+    # both gradients' im2col GEMMs read the gradient in one layout: rearrange it once
+    kernel = _kernel(Filter.shape, geo, grad.shape[2:], x.dtype)
+    shared = _grouped_grad(grad, geo.groups) if kernel == "im2col" else None
     dx = dw = None
     if needs[0]:
-        dx = _conv_input_grad(grad_g, Filter, grad.shape[2:], x.shape[2:], geo)
+        dx = _conv_input_grad(grad, Filter, x.shape[2:], geo, shared)
         if relu_first:
             dx = dx * (x > 0)
         dx = _from_nchw(dx, channel_last)
     if needs[1]:
-        dw = _conv_filter_grad(x, grad_g, Filter.shape, grad.shape[2:], geo)
+        dw = _conv_filter_grad(x, grad, Filter.shape, geo, shared)
     return dx, dw
 
 
@@ -529,19 +585,13 @@ class conv2d_transpose:
 
     def forward(Input, Filter, **attrs):
         channel_last, x, geo, out_hw = _transpose_setup(Input, Filter, attrs)
-        x_g = _grouped_grad(x, geo.groups)
-        return _from_nchw(_conv_input_grad(x_g, Filter, x.shape[2:], out_hw, geo), channel_last)
+        return _from_nchw(_conv_input_grad(x, Filter, out_hw, geo), channel_last)
 
     def backward(Input, Filter, Output, Output_grad, needs=(True, True), **attrs):
         channel_last, x, geo, _ = _transpose_setup(Input, Filter, attrs)
         grad = _nchw(Output_grad, channel_last)
         dx = _from_nchw(_conv(grad, Filter, geo), channel_last) if needs[0] else None
-        if needs[1]:
-            dw = _conv_filter_grad(
-                grad, _grouped_grad(x, geo.groups), Filter.shape, x.shape[2:], geo
-            )
-        else:
-            dw = None
+        dw = _conv_filter_grad(grad, x, Filter.shape, geo) if needs[1] else None
         return dx, dw
 
 

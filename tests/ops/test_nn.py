@@ -12,6 +12,8 @@ import pytest
 
 import nestflow as nf
 from nestflow.errors import AttrError, DTypeError, NestflowError, ShapeError
+from nestflow.ops import nn as nn_ops
+from nestflow.ops import winograd
 from nestflow.ops.registry import get_op_def
 from tests.ops.harness import OpCase, case_id
 
@@ -466,6 +468,96 @@ def test_max_pool_ties_route_the_gradient_to_the_first_maximum():
     np.testing.assert_array_equal(grad[0, 0], expected)
 
 
+# ---- Winograd F(4x4, 3x3): the 3x3 stride-1 path for >= winograd.MIN_CHANNELS channels ----
+
+
+@pytest.fixture
+def winograd_for_any_channels(monkeypatch):
+    """Route every eligible conv (3x3, stride 1, one group) through Winograd; counts the
+    Winograd convolutions run."""
+    monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
+    calls = []
+    conv = winograd.conv
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return conv(*args)
+
+    monkeypatch.setattr(winograd, "conv", counted)
+    return calls
+
+
+def uses_winograd(case: OpCase) -> bool:
+    attrs = case.attrs
+    dilated = attrs.get("dilations", [1, 1]) != [1, 1] and attrs.get("padding_algorithm") != "SAME"
+    return (
+        case.inputs["Filter"].shape[2:] == (3, 3)
+        and attrs.get("strides", [1, 1]) == [1, 1]
+        and attrs.get("groups", 1) == 1
+        and not dilated
+    )
+
+
+WINOGRAD_CASES = [c for c in CONV_CASES if uses_winograd(c)] + [
+    conv_case((2, 2, 9, 7), (3, 2, 3, 3), {"paddings": [3, 0, 1, 2]}, "wino_pad3_no_winograd_dx"),
+    conv_case((1, 2, 4, 4), (2, 2, 3, 3), {"paddings": [2, 2]}, "wino_pad2"),
+    conv_case((2, 3, 13, 10), (2, 3, 3, 3), {"paddings": [1, 1]}, "wino_odd_blocks"),
+    conv_case((2, 3, 3, 3), (2, 3, 3, 3), {}, "wino_one_output"),
+    conv_case((2, 5, 6, 4), (3, 4, 3, 3), {"data_format": "NHWC", "paddings": [1, 1]}, "wino_nhwc"),
+    conv_case((1, 2, 6, 5), (3, 2, 3, 3), {"padding_algorithm": "SAME"}, "wino_same"),
+    conv_case(
+        (2, 3, 9, 8), (4, 3, 3, 3), {"paddings": [1, 1]}, "wino", dtype="float32", grad=False
+    ),
+    conv_case((1, 2, 5, 4), (2, 3, 3, 3), {"paddings": [1, 0]}, "wino", op="conv2d_transpose"),
+]
+
+
+@pytest.mark.parametrize("case", WINOGRAD_CASES, ids=case_id)
+def test_winograd_path(case, winograd_for_any_channels):
+    case.check()
+    assert winograd_for_any_channels, "the case did not run the Winograd kernels"
+
+
+@pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 1e-4)])
+def test_winograd_at_its_channel_threshold_agrees_with_im2col(dtype, tol, monkeypatch):
+    """16 channels in and out take Winograd by default; the im2col kernels (checked above
+    against the references) must give the same output and gradients."""
+    x, w = normal(3, 16, 7, 6, dtype=dtype), normal(16, 16, 3, 3, dtype=dtype)
+    upstream = normal(3, 16, 7, 6, dtype=dtype)
+    assert winograd.applies(w.shape, (1, 1), (1, 1), 1, x.dtype)
+    inputs, attrs = {"Input": x, "Filter": w}, {"paddings": [1, 1]}
+    out, grads = run_with_grads("conv2d", inputs, attrs, "Output", upstream)
+    monkeypatch.setattr(winograd, "MIN_CHANNELS", 10**9)
+    want_out, want_grads = run_with_grads("conv2d", inputs, attrs, "Output", upstream)
+    for got, want in ((out, want_out), (grads["Input"], want_grads["Input"])) + (
+        (grads["Filter"], want_grads["Filter"]),
+    ):
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
+
+
+POINTWISE_CASES = [
+    conv_case((2, 3, 16, 17), (4, 3, 1, 1), {}, "pointwise_large_image"),
+    conv_case((2, 4, 3, 5), (6, 2, 1, 1), {"groups": 2}, "pointwise_groups"),
+    conv_case((2, 4, 2, 3), (5, 3, 1, 1), {"data_format": "NHWC"}, "pointwise_nhwc"),
+    conv_case((0, 3, 16, 16), (2, 3, 1, 1), {}, "pointwise_empty_batch", grad=False),
+    conv_case((2, 3, 16, 16), (3, 1, 1, 1), {"groups": 3}, "pointwise", op="depthwise_conv2d"),
+    conv_case((2, 4, 2, 3), (4, 2, 1, 1), {"groups": 2}, "pointwise", op="conv2d_transpose"),
+]
+
+
+@pytest.mark.parametrize("case", POINTWISE_CASES, ids=case_id)
+def test_pointwise_path(case, monkeypatch):
+    """1x1 stride-1 unpadded convs: one GEMM per image on the data as it lies (taken on large
+    images; forced here on small ones too)."""
+    if case.inputs["Input"].shape[2:] != (16, 17):
+        monkeypatch.setattr(nn_ops, "_POINTWISE_MIN_PIXELS", 1)
+    geo = nn_ops._ConvGeometry((1, 1), (0, 0, 0, 0), (1, 1), case.attrs.get("groups", 1))
+    filter_shape = case.inputs["Filter"].shape
+    assert nn_ops._kernel(filter_shape, geo, (16, 17), np.float64) == "pointwise"
+    case.check()
+
+
 # ---- PyTorch in float64: forward and gradients over grids of settings ----
 
 
@@ -533,6 +625,20 @@ def test_depthwise_conv2d_matches_torch(stride, padding, multiplier):
         return torch.nn.functional.conv2d(Input, Filter, None, stride, padding, 1, 3)
 
     compare_with_torch(torch, "depthwise_conv2d", {"Input": x, "Filter": w}, attrs, "Output", conv)
+
+
+@pytest.mark.parametrize("padding", (0, 1, 2, 3))
+@pytest.mark.parametrize("hw", ((9, 8), (4, 5), (12, 12)))
+def test_winograd_conv2d_matches_torch(padding, hw, winograd_for_any_channels):
+    torch = pytest.importorskip("torch")
+    x, w = normal(2, 5, *hw), normal(6, 5, 3, 3)
+    attrs = {"paddings": [padding, padding]}
+
+    def conv(Input, Filter):
+        return torch.nn.functional.conv2d(Input, Filter, None, 1, padding)
+
+    compare_with_torch(torch, "conv2d", {"Input": x, "Filter": w}, attrs, "Output", conv)
+    assert winograd_for_any_channels
 
 
 # (stride, padding, dilation, groups, output padding)

@@ -1,0 +1,153 @@
+"""Winograd F(4x4, 3x3) kernels for 3x3, stride-1 convolutions (Lavin & Gray, "Fast Algorithms
+for Convolutional Neural Networks", 2016), used by the conv ops in nestflow/ops/nn.py.
+
+Each 4x4 block of outputs is computed from a 6x6 input tile with 36 products per (input,
+output) channel pair instead of 144: a tile d becomes V = Bt d Bt', a filter g becomes
+U = G g G', the products U * V summed over input channels are 36 GEMMs, and A' (U * V) A gives
+the outputs. Every transform over all tiles at once is one GEMM by a Kronecker product
+(kron(Bt, Bt) is 36x36), so nothing loops over tiles in Python. Tiles are gathered from a
+[C, H, W, N] copy of the data, whose innermost axis (the batch) keeps the strided gathers
+contiguous. The filter gradient uses the same identity transposed:
+dW = G' (sum over tiles of (A g_out A') * V) G. In float32 the results differ from direct
+convolution by about 1e-5 relative (the F(4x4, 3x3) transform's usual rounding).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+_BT = np.array(
+    [
+        [4, 0, -5, 0, 1, 0],
+        [0, -4, -4, 1, 1, 0],
+        [0, 4, -4, -1, 1, 0],
+        [0, -2, -1, 2, 1, 0],
+        [0, 2, -1, -2, 1, 0],
+        [0, 4, 0, -5, 0, 1],
+    ],
+    dtype=np.float64,
+)
+_G = np.array(
+    [
+        [1 / 4, 0, 0],
+        [-1 / 6, -1 / 6, -1 / 6],
+        [-1 / 6, 1 / 6, -1 / 6],
+        [1 / 24, 1 / 12, 1 / 6],
+        [1 / 24, -1 / 12, 1 / 6],
+        [0, 0, 1],
+    ]
+)
+_AT = np.array(
+    [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
+    dtype=np.float64,
+)
+_TILE, _OUT = 6, 4  # input tile and output block sizes
+_INPUT = np.kron(_BT, _BT)  # [36, 36]: vec(Bt d Bt') = _INPUT @ vec(d)
+_OUTPUT = np.kron(_AT, _AT)  # [16, 36]
+_FILTER = np.kron(_G, _G)  # [36, 9]
+
+# Below this many input or output channels the transforms cost more than they save.
+MIN_CHANNELS = 16
+
+# The longest summed axis one BLAS call gets in matmul_nt.
+_K_CHUNK = 512
+
+
+def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a [..., M, K] times b [..., N, K] transposed: [..., M, N]. A long K is summed in pieces
+    of at most _K_CHUNK: OpenBLAS runs a small-output product with a long K (a filter
+    gradient's 64x64 summed over 25088 pixels) at less than half speed in one call, measured
+    on the W9 benchmark's shapes."""
+    k = a.shape[-1]
+    pieces = max(1, -(-k // _K_CHUNK))
+    size = -(-k // pieces) if k else 0
+    total = np.matmul(a[..., :size], np.swapaxes(b[..., :size], -1, -2))
+    for start in range(size, k, size):
+        part = slice(start, start + size)
+        total += np.matmul(a[..., part], np.swapaxes(b[..., part], -1, -2))
+    return total
+
+
+def applies(w_shape, strides, dilations, groups, dtype) -> bool:
+    """Whether the Winograd kernels compute a conv with filter w_shape [M, C, kh, kw]: 3x3,
+    stride 1, no dilation, one group, float32/64, at least MIN_CHANNELS channels in and out."""
+    return (
+        tuple(w_shape[2:]) == (3, 3)
+        and tuple(strides) == (1, 1)
+        and tuple(dilations) == (1, 1)
+        and groups == 1
+        and min(w_shape[0], w_shape[1]) >= MIN_CHANNELS
+        and np.dtype(dtype) in (np.float32, np.float64)
+    )
+
+
+def _blocks(out_hw) -> tuple[int, int]:
+    return -(-out_hw[0] // _OUT), -(-out_hw[1] // _OUT)
+
+
+def _hwn(x: np.ndarray, top: int, left: int, size_hw) -> np.ndarray:
+    """x [N, C, H, W] as a zero-padded [C, size_h, size_w, N] with x at (top, left) (its far
+    edge cropped where it reaches past size_hw)."""
+    n, c, h, w = x.shape
+    out = np.zeros((c,) + tuple(size_hw) + (n,), x.dtype)
+    rows, cols = min(h, size_hw[0] - top), min(w, size_hw[1] - left)
+    out[:, top : top + rows, left : left + cols] = x.transpose(1, 2, 3, 0)[:, :rows, :cols]
+    return out
+
+
+def _tiles(xp: np.ndarray, size: int, blocks) -> np.ndarray:
+    """The size x size tiles every 4 rows and columns of xp [C, H, W, N]:
+    [size * size, C * bh * bw * N]."""
+    c, _, _, n = xp.shape
+    sc, sh, sw, sn = xp.strides
+    view = as_strided(xp, (size, size, c) + tuple(blocks) + (n,), (sh, sw, sc, 4 * sh, 4 * sw, sn))
+    return np.ascontiguousarray(view).reshape(size * size, c * blocks[0] * blocks[1] * n)
+
+
+def input_transform(x: np.ndarray, pads, out_hw) -> np.ndarray:
+    """V = Bt d Bt' of every input tile of x [N, C, H, W] padded by pads (top, bottom, left,
+    right): [36, C, bh * bw * N]."""
+    bh, bw = _blocks(out_hw)
+    xp = _hwn(x, pads[0], pads[2], (_OUT * bh + 2, _OUT * bw + 2))
+    d = _tiles(xp, _TILE, (bh, bw))
+    return (_INPUT.astype(x.dtype) @ d).reshape(_TILE * _TILE, x.shape[1], bh * bw * x.shape[0])
+
+
+def conv(x: np.ndarray, w: np.ndarray, pads) -> tuple[np.ndarray, np.ndarray]:
+    """The 3x3 stride-1 correlation of x [N, C, H, W] with w [M, C, 3, 3], x padded by pads:
+    ([N, M, OH, OW], V for filter_grad)."""
+    n, c, h, wd = x.shape
+    m = w.shape[0]
+    out_hw = (h + pads[0] + pads[1] - 2, wd + pads[2] + pads[3] - 2)
+    bh, bw = _blocks(out_hw)
+    v = input_transform(x, pads, out_hw)
+    u = (_FILTER @ w.reshape(m * c, 9).T).astype(x.dtype).reshape(_TILE * _TILE, m, c)
+    products = np.matmul(u, v)  # [36, M, bh * bw * N]
+    y = (_OUTPUT.astype(x.dtype) @ products.reshape(_TILE * _TILE, m * bh * bw * n)).reshape(
+        _OUT, _OUT, m, bh, bw, n
+    )
+    out = y.transpose(5, 2, 3, 0, 4, 1).reshape(n, m, _OUT * bh, _OUT * bw)
+    return np.ascontiguousarray(out[:, :, : out_hw[0], : out_hw[1]]), v
+
+
+def input_grad(grad: np.ndarray, w: np.ndarray, pads) -> np.ndarray | None:
+    """d(conv)/d(input) for grad [N, M, OH, OW]: the correlation of grad, padded by 2 - pads,
+    with the rotated filter. None when a padding exceeds 2 (the caller's general kernel)."""
+    if max(pads) > 2:
+        return None
+    rotated = np.ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+    return conv(grad, rotated, tuple(2 - p for p in pads))[0]
+
+
+def filter_grad(v: np.ndarray, grad: np.ndarray) -> np.ndarray:
+    """d(conv)/d(filter) [M, C, 3, 3] from the forward's V and grad [N, M, OH, OW]."""
+    n, m, oh, ow = grad.shape
+    bh, bw = _blocks((oh, ow))
+    gp = _hwn(grad, 0, 0, (_OUT * bh, _OUT * bw))
+    tiles = _tiles(gp, _OUT, (bh, bw))
+    transformed = (_OUTPUT.T.astype(grad.dtype) @ tiles).reshape(_TILE * _TILE, m, bh * bw * n)
+    z = matmul_nt(transformed, v)  # [36, M, C]
+    c = v.shape[1]
+    dw = (_FILTER.T.astype(grad.dtype) @ z.reshape(_TILE * _TILE, m * c)).reshape(3, 3, m, c)
+    return np.ascontiguousarray(dw.transpose(2, 3, 0, 1))
