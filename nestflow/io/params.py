@@ -1,7 +1,14 @@
-"""Parameters (every persistable tensor of a program) saved as one safetensors file by name."""
+"""Parameters (every persistable tensor of a program) saved as one safetensors file by name.
+
+The file's header metadata carries a SHA-256 over its tensors (names, dtypes, shapes and
+bytes, `tensors_sha256`): a file changed after it was written (a flipped bit, a cut) is a
+ParameterFileError naming it, never parameters that load with other values. Files written
+before the checksum existed (no `sha256` in the header) still load.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -15,6 +22,7 @@ from nestflow.framework.program import Program, VarDesc
 from nestflow.io.atomic import write_atomic
 
 _FORMAT = {"format": "nestflow.params", "version": "1"}
+CHECKSUM = "sha256"
 
 
 def persistable_vars(program: Program) -> list[VarDesc]:
@@ -28,14 +36,25 @@ def persistable_vars(program: Program) -> list[VarDesc]:
 
 def save_params(scope: Scope, program: Program, path: str | os.PathLike) -> None:
     """Write the values in `scope` of `program`'s persistable variables to `path` (safetensors),
-    atomically. Raises UninitializedError naming any the scope does not hold."""
-    write_params(scope, program, path, {})
+    all or nothing (see atomic.write_atomic): a save cut short at any instant leaves the old
+    file or the new one, whole. Raises UninitializedError naming any the scope does not hold
+    (before anything is written) and FileWriteError when the file cannot be written.
+
+    >>> import tempfile, nestflow as nf
+    >>> main, startup = nf.Program(), nf.Program()
+    >>> with nf.program_guard(main, startup):
+    ...     _ = nf.layers.fc(nf.data("x", [-1, 2]), 3, name="fc")
+    >>> scope = nf.Scope(); _ = nf.Executor().run(startup, scope=scope)
+    >>> path = tempfile.mkdtemp() + "/params.safetensors"
+    >>> nf.io.save_params(scope, main, path); nf.io.load_params(nf.Scope(), main, path)
+    """
+    write_atomic(path, params_file_bytes(scope, program))
 
 
-def write_params(
-    scope: Scope, program: Program, path: str | os.PathLike, metadata: dict[str, str]
-) -> None:
-    """save_params, with `metadata` added to the file's header."""
+def params_file_bytes(
+    scope: Scope, program: Program, metadata: dict[str, str] | None = None
+) -> bytes:
+    """The safetensors file save_params writes, with `metadata` added to its header."""
     tensors: dict[str, np.ndarray] = {}
     missing = []
     for var in persistable_vars(program):
@@ -46,41 +65,70 @@ def write_params(
         if held is None:
             missing.append(var.name)
             continue
-        tensors[var.name] = np.ascontiguousarray(np.asarray(held))
+        array = np.asarray(held)
+        # Little-endian and contiguous: the bytes safetensors stores are the array's own.
+        tensors[var.name] = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
     if missing:
         raise UninitializedError(
             f"cannot save parameters: the scope holds no value for {missing} "
             "(run the startup program first)"
         )
-    write_atomic(path, safetensors.numpy.save(tensors, metadata=_FORMAT | metadata))
+    header = _FORMAT | (metadata or {}) | {CHECKSUM: tensors_sha256(tensors)}
+    return safetensors.numpy.save(tensors, metadata=header)
 
 
-def read_metadata(path: str | os.PathLike) -> dict[str, str]:
-    """The string metadata in a safetensors file's header ({} if unreadable: loading the
+def tensors_sha256(tensors: dict[str, np.ndarray]) -> str:
+    """SHA-256 over the tensors' names, dtypes, shapes and bytes (in name order): the same for
+    the arrays saved and the arrays a good file loads as, whatever the file's layout."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        array = tensors[name]
+        digest.update(f"{name}\0{array.dtype.str}\0{list(array.shape)}\0".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def read_metadata(data: bytes) -> dict[str, str]:
+    """The string metadata in a safetensors file's header ({} if unreadable: decoding the
     tensors reports that)."""
     try:
-        with open(path, "rb") as file:
-            size = int.from_bytes(file.read(8), "little")
-            header = json.loads(file.read(size)) if 0 < size < 1 << 24 else {}
+        size = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + size]) if 0 < size < 1 << 24 else {}
         metadata = header.get("__metadata__") or {}
         return {str(k): str(v) for k, v in metadata.items()}
-    except (OSError, ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return {}
 
 
 def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The tensors of a safetensors file; ParameterFileError if it cannot be read or parsed."""
+    """The tensors of a safetensors file; ParameterFileError if it cannot be read or parsed, or
+    its tensors do not match the checksum in its header."""
     try:
         with open(path, "rb") as file:
             data = file.read()
     except OSError as exc:
         raise ParameterFileError(f"cannot read parameter file '{path}': {exc}") from None
+    return decode_params(data, path)
+
+
+def decode_params(data: bytes, path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The tensors of the safetensors file `data` read from `path` (named in errors);
+    ParameterFileError if it does not parse or its tensors do not match its checksum."""
     try:
-        return safetensors.numpy.load(data)
+        tensors = safetensors.numpy.load(data)
     except Exception as exc:  # the Rust parser raises its own SafetensorError types
         raise ParameterFileError(
             f"'{path}' is not a valid safetensors file ({len(data)} bytes): {exc}"
         ) from None
+    recorded = read_metadata(data).get(CHECKSUM)
+    if recorded is not None:
+        actual = tensors_sha256(tensors)
+        if actual != recorded:
+            raise ParameterFileError(
+                f"parameter file '{path}' is corrupt: its tensors' SHA-256 is {actual}, but "
+                f"{recorded} was recorded when it was saved (the file changed since)"
+            )
+    return tensors
 
 
 def load_params(
@@ -89,11 +137,22 @@ def load_params(
     """Set `program`'s persistable variables in `scope` from the safetensors file at `path`.
 
     Every problem is reported at once, and nothing is set unless all tensors fit: a
-    ParameterFileError names tensors the program needs but the file lacks, tensors the file has
-    but the program does not declare (unless strict=False), and tensors whose shape or dtype
-    differs from the declaration (-1 dims match any size).
+    ParameterFileError names a file that is unreadable or fails its checksum, tensors the
+    program needs but the file lacks, tensors the file has but the program does not declare
+    (unless strict=False), and tensors whose shape or dtype differs from the declaration (-1
+    dims match any size).
     """
-    tensors = read_params(path)
+    set_params(scope, program, read_params(path), path, strict)
+
+
+def set_params(
+    scope: Scope,
+    program: Program,
+    tensors: dict[str, np.ndarray],
+    path: str | os.PathLike,
+    strict: bool = True,
+) -> None:
+    """load_params, with the file's tensors already read (`path` names the file in errors)."""
     wanted = {v.name: v for v in persistable_vars(program)}
     missing = sorted(set(wanted) - set(tensors))
     extra = sorted(set(tensors) - set(wanted)) if strict else []
@@ -127,4 +186,12 @@ def load_params(
         scope.var(name).get_mutable(Tensor)._array = np.array(tensors[name])
 
 
-__all__ = ["load_params", "persistable_vars", "read_params", "save_params"]
+__all__ = [
+    "decode_params",
+    "load_params",
+    "params_file_bytes",
+    "persistable_vars",
+    "read_params",
+    "save_params",
+    "tensors_sha256",
+]

@@ -35,7 +35,11 @@ def test_demo_trains_saves_and_reloads_identically(demo_run):
     assert "identical bit for bit: True" in result.stdout
     # The tqdm bars (stderr) show each epoch's loss and accuracy.
     assert "epoch 20/20" in result.stderr and "loss=" in result.stderr and "acc=" in result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["model.json", "model.pb", "params.safetensors"]
+    # model.json and the one program and parameter file it names (issue 12: no leftovers)
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) == 3 and names[1] == "model.json", names
+    assert re.fullmatch(r"model\.[0-9a-f]{16}\.pb", names[0])
+    assert re.fullmatch(r"params\.[0-9a-f]{16}\.safetensors", names[2])
 
 
 def test_demo_fails_when_accuracy_is_below_the_bar(tmp_path, capsys):
