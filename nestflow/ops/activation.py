@@ -378,13 +378,12 @@ class hard_sigmoid:
 
 # ---- smooth: gelu, softplus, softsign, swish ----
 
-_erf_per_element = np.frompyfunc(math.erf, 1, 1)
-
 
 def _erf(x: np.ndarray) -> np.ndarray:
-    """erf of a float64 array. NumPy has none: math.erf per element (libm's, within an ulp
-    or two; about 0.1-0.2 µs an element)."""
-    return np.asarray(_erf_per_element(x), np.float64)
+    """erf of a float64 array. NumPy has none: math.erf (libm's, within an ulp or two) mapped
+    over the elements, about 0.1 µs each (mapped over a list: faster than np.frompyfunc)."""
+    flat = np.fromiter(map(math.erf, x.ravel().tolist()), np.float64, count=x.size)
+    return flat.reshape(x.shape)
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

@@ -426,3 +426,16 @@ def test_slices_are_views_that_in_place_kernels_respect():
     np.testing.assert_array_equal(got[1], 2 * xs)
     np.testing.assert_array_equal(got[2], np.maximum(2 * xs, 0))
     np.testing.assert_array_equal(got[3], np.exp(3 * xs[:, 5:-5]))
+
+
+def test_gelus_erf_is_libms_for_every_element():
+    """gelu's erf is math.erf element by element (NumPy has none): equal bit for bit, infinities,
+    NaN, -0.0, 0-d and empty arrays included."""
+    from nestflow.ops.activation import _erf
+
+    x = np.concatenate([np.linspace(-7, 7, 2001), [np.inf, -np.inf, np.nan, -0.0]])
+    want = np.array([math.erf(v) for v in x])
+    np.testing.assert_array_equal(_erf(x), want)
+    np.testing.assert_array_equal(_erf(x.reshape(5, -1)), want.reshape(5, -1))
+    assert _erf(np.asarray(0.5)).shape == () and _erf(np.asarray(0.5)) == math.erf(0.5)
+    assert _erf(np.zeros((0, 3))).shape == (0, 3)
