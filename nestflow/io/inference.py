@@ -52,6 +52,8 @@ V1_PARAMS_FILE = "params.safetensors"
 V1_SAVE_ID = "save_id"
 
 _ROLES = {"program": ("model.", ".pb"), "params": ("params.", ".safetensors")}
+# What a problem with each role's file raises.
+_ERROR = {"program": ProgramDecodeError, "params": ParameterFileError}
 _ID = r"[0-9a-f]{16}"
 _FILE_NAME = {
     role: re.compile(re.escape(head) + _ID + re.escape(tail))
@@ -162,8 +164,7 @@ def load_inference_model(
         newer = _read_manifest(dirname)
         if newer[0] == raw or attempt + 1 == _LOAD_ATTEMPTS:
             role = missing[0]
-            error = ProgramDecodeError if role == "program" else ParameterFileError
-            raise error(
+            raise _ERROR[role](
                 f"'{os.path.join(dirname, _file_of(meta, role))}', named by "
                 f"'{os.path.join(dirname, META_FILE)}', is missing: the model directory is "
                 "incomplete"
@@ -191,14 +192,13 @@ def _file_of(meta: dict, role: str) -> str:
 def _read_named(dirname: str, meta: dict, role: str) -> bytes | None:
     """The content of the file model.json names for `role`; None if there is no such file."""
     path = os.path.join(dirname, _file_of(meta, role))
-    error = ProgramDecodeError if role == "program" else ParameterFileError
     try:
         with open(path, "rb") as file:
             return file.read()
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise error(f"cannot read '{path}': {exc.strerror or exc}") from None
+        raise _ERROR[role](f"cannot read '{path}': {exc.strerror or exc}") from None
 
 
 def _check_sha256(meta: dict, contents: dict[str, bytes], paths: dict[str, str]) -> None:
@@ -206,10 +206,9 @@ def _check_sha256(meta: dict, contents: dict[str, bytes], paths: dict[str, str])
         want, size = meta[role]["sha256"], meta[role]["size"]
         got = hashlib.sha256(data).hexdigest()
         if got != want:
-            error = ProgramDecodeError if role == "program" else ParameterFileError
             what = "program" if role == "program" else "parameter"
             sizes = "" if len(data) == size else f"; it has {len(data)} bytes, not {size}"
-            raise error(
+            raise _ERROR[role](
                 f"{what} file '{paths[role]}' is corrupt: its SHA-256 is {got}, but model.json "
                 f"recorded {want} when the model was saved{sizes}"
             )
