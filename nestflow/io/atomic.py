@@ -162,6 +162,11 @@ def directory_lock(directory: str | os.PathLike, blocking: bool = True) -> Itera
     directory = os.fspath(directory)
     try:
         fd = os.open(directory, os.O_RDONLY)
+    except PermissionError:
+        # A directory one may write but not read (mode -wx) cannot be locked, nor listed for
+        # leftovers: the write itself can still be all or nothing.
+        yield True
+        return
     except OSError as exc:
         raise _write_error(directory, exc) from exc
     try:

@@ -408,3 +408,25 @@ def test_save_params_removes_only_its_own_files_leftovers(models, tmp_path):
     np.testing.assert_array_equal(
         scope.find_var("fc1.w").get(nf.Tensor).numpy(), old.params["fc1.w"]
     )
+
+
+def test_a_directory_that_cannot_be_read_is_still_written_all_or_nothing(
+    models, tmp_path, monkeypatch
+):
+    """A directory one may write but not list (mode -wx): no lock and no leftover removal,
+    the file is still replaced by one rename."""
+    old, new = models
+    path = tmp_path / "p.safetensors"
+    old.save_params(path)
+    real_open = os.open
+
+    def no_read(file, flags, *args, **kwargs):
+        if os.fspath(file) == os.fspath(tmp_path) and flags == os.O_RDONLY:
+            raise PermissionError(13, "Permission denied", file)
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_read)
+    new.save_params(path)
+    monkeypatch.undo()
+    assert which_params(path, models) == "new"
+    assert os.listdir(tmp_path) == ["p.safetensors"]
