@@ -150,38 +150,44 @@ def _padded(x: np.ndarray, pads, value: float = 0.0) -> np.ndarray:
     return out
 
 
-def _channel_major(x: np.ndarray, pads) -> np.ndarray:
-    """x [N, C, H, W] as [C, N, H, W] zero-padded by pads (a view when there is no padding)."""
-    xt = x.transpose(1, 0, 2, 3)
+def _batch_last(x: np.ndarray, pads) -> np.ndarray:
+    """x [N, C, H, W] as [C, H, W, N] zero-padded by pads. The im2col kernels work on this
+    layout: with the batch innermost, every kernel offset's strided copy or sum moves runs of
+    OW * N contiguous elements, where NCHW gives runs of OW (a few elements on small images)."""
+    xt = x.transpose(1, 2, 3, 0)
     top, bottom, left, right = pads
-    if not (top or bottom or left or right):
-        return xt
-    c, n, h, w = xt.shape
-    out = np.zeros((c, n, h + top + bottom, w + left + right), x.dtype)
-    out[:, :, top : top + h, left : left + w] = xt
+    c, h, w, n = xt.shape
+    out = np.zeros((c, h + top + bottom, w + left + right, n), x.dtype)
+    out[:, top : top + h, left : left + w] = xt
     return out
 
 
+def _window_hw(x: np.ndarray, top: int, left: int, strides, out_hw) -> np.ndarray:
+    """_window over the middle axes of [C, H, W, N]."""
+    (sh, sw), (oh, ow) = strides, out_hw
+    return x[:, top : top + sh * (oh - 1) + 1 : sh, left : left + sw * (ow - 1) + 1 : sw]
+
+
 def _im2col(xt: np.ndarray, k_hw, strides, dilations, out_hw) -> np.ndarray:
-    """Columns [C, kh, kw, N, OH, OW] of the padded channel-major input xt [C, N, Hp, Wp]:
-    one strided copy per kernel offset."""
+    """Columns [C, kh, kw, OH, OW, N] of the padded input xt [C, Hp, Wp, N]: one strided copy
+    per kernel offset."""
     (kh, kw), (dh, dw) = k_hw, dilations
-    cols = np.empty(xt.shape[:1] + (kh, kw) + xt.shape[1:2] + tuple(out_hw), xt.dtype)
+    cols = np.empty(xt.shape[:1] + (kh, kw) + tuple(out_hw) + xt.shape[3:], xt.dtype)
     for i in range(kh):
         for j in range(kw):
-            cols[:, i, j] = _window(xt, i * dh, j * dw, strides, out_hw)
+            cols[:, i, j] = _window_hw(xt, i * dh, j * dw, strides, out_hw)
     return cols
 
 
 def _col2im(cols: np.ndarray, padded_hw, strides, dilations) -> np.ndarray:
-    """The adjoint of _im2col: [C, kh, kw, N, OH, OW] summed into a zero [C, N, Hp, Wp]."""
-    c, kh, kw, n, oh, ow = cols.shape
+    """The adjoint of _im2col: [C, kh, kw, OH, OW, N] summed into a zero [C, Hp, Wp, N]."""
+    c, kh, kw, oh, ow, n = cols.shape
     if (kh, kw) == (1, 1) and tuple(strides) == (1, 1) and (oh, ow) == tuple(padded_hw):
         return cols[:, 0, 0]
-    out = np.zeros((c, n) + tuple(padded_hw), cols.dtype)
+    out = np.zeros((c,) + tuple(padded_hw) + (n,), cols.dtype)
     for i in range(kh):
         for j in range(kw):
-            view = _window(out, i * dilations[0], j * dilations[1], strides, (oh, ow))
+            view = _window_hw(out, i * dilations[0], j * dilations[1], strides, (oh, ow))
             view += cols[:, i, j]
     return out
 
@@ -271,22 +277,22 @@ def _conv_geometry(attrs: dict, in_hw, k_hw) -> _ConvGeometry:
 
 
 def _columns(x: np.ndarray, k_hw, geo: _ConvGeometry, out_hw) -> np.ndarray:
-    """im2col of x [N, C, H, W]: [groups, C/g * kh * kw, N * OH * OW]."""
-    cols = _im2col(_channel_major(x, geo.pads), k_hw, geo.strides, geo.dilations, out_hw)
+    """im2col of x [N, C, H, W]: [groups, C/g * kh * kw, OH * OW * N]."""
+    cols = _im2col(_batch_last(x, geo.pads), k_hw, geo.strides, geo.dilations, out_hw)
     n, c = x.shape[:2]
-    return cols.reshape(geo.groups, c // geo.groups * k_hw[0] * k_hw[1], n * math.prod(out_hw))
+    return cols.reshape(geo.groups, c // geo.groups * k_hw[0] * k_hw[1], math.prod(out_hw) * n)
 
 
-def _batch_major(y: np.ndarray) -> np.ndarray:
-    """[C, N, H, W] -> a contiguous [N, C, H, W]."""
-    return np.ascontiguousarray(y.transpose(1, 0, 2, 3))
+def _batch_first(y: np.ndarray) -> np.ndarray:
+    """[C, H, W, N] -> a contiguous [N, C, H, W]."""
+    return np.ascontiguousarray(y.transpose(3, 0, 1, 2))
 
 
 def _grouped_grad(grad: np.ndarray, groups: int) -> np.ndarray:
-    """grad [N, M, OH, OW] as [groups, M/g, N * OH * OW], the GEMMs' layout."""
+    """grad [N, M, OH, OW] as [groups, M/g, OH * OW * N], the im2col GEMMs' layout."""
     n, m, oh, ow = grad.shape
-    return np.ascontiguousarray(grad.transpose(1, 0, 2, 3)).reshape(
-        groups, m // groups, n * oh * ow
+    return np.ascontiguousarray(grad.transpose(1, 2, 3, 0)).reshape(
+        groups, m // groups, oh * ow * n
     )
 
 
@@ -333,7 +339,7 @@ def _conv(x: np.ndarray, w: np.ndarray, geo: _ConvGeometry, memo: bool = False) 
     if memo:
         _COLUMNS.put(x, (geo, (kh, kw)), cols)
     out = np.matmul(w.reshape(g, m // g, cg * kh * kw), cols)
-    return _batch_major(out.reshape((m, x.shape[0]) + out_hw))
+    return _batch_first(out.reshape((m,) + out_hw + x.shape[:1]))
 
 
 def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None) -> np.ndarray:
@@ -351,11 +357,11 @@ def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None
         return dx.reshape((grad.shape[0], g * cg) + tuple(in_hw))
     grad_g = _grouped_grad(grad, g) if grad_g is None else grad_g
     wt = w.reshape(g, m // g, cg * kh * kw).transpose(0, 2, 1)
-    cols = np.matmul(wt, grad_g).reshape((g * cg, kh, kw) + grad.shape[:1] + grad.shape[2:])
+    cols = np.matmul(wt, grad_g).reshape((g * cg, kh, kw) + grad.shape[2:] + grad.shape[:1])
     top, bottom, left, right = geo.pads
     h, wd = in_hw
     padded = _col2im(cols, (h + top + bottom, wd + left + right), geo.strides, geo.dilations)
-    return _batch_major(padded[:, :, top : top + h, left : left + wd])
+    return _batch_first(padded[:, top : top + h, left : left + wd])
 
 
 def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=None):

@@ -56,11 +56,12 @@ _K_CHUNK = 512
 
 def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a [..., M, K] times b [..., N, K] transposed: [..., M, N]. A long K is summed in pieces
-    of at most _K_CHUNK: OpenBLAS runs a small-output product with a long K (a filter
-    gradient's 64x64 summed over 25088 pixels) at less than half speed in one call, measured
-    on the W9 benchmark's shapes."""
+    of at most _K_CHUNK when M and N are at least 16: OpenBLAS runs a small-output product with
+    a long K (a filter gradient's 64x64 summed over 25088 pixels) at less than half speed in
+    one call, measured on the W9 benchmark's shapes."""
     k = a.shape[-1]
-    pieces = max(1, -(-k // _K_CHUNK))
+    small = min(a.shape[-2], b.shape[-2]) < 16  # calls' overhead outweighs the gain
+    pieces = 1 if small else max(1, -(-k // _K_CHUNK))
     size = -(-k // pieces) if k else 0
     total = np.matmul(a[..., :size], np.swapaxes(b[..., :size], -1, -2))
     for start in range(size, k, size):
