@@ -92,6 +92,8 @@ class AttrSpec:
             return int(value.item())
         if kind is list and isinstance(value, (list, tuple)):
             return list(value)
+        if kind is list and hasattr(value, "tolist") and getattr(value, "ndim", 0) == 1:
+            return value.tolist()  # a 1-D NumPy array, as Fluid's op tests pass lists
         if kind is str and self.name in ("dtype", "out_dtype") and not isinstance(value, str):
             return dtype_name(value)
         if kind is str and self.name in ("dtype", "out_dtype"):
@@ -271,6 +273,8 @@ def _infer_grad_like_forward(op: OpDesc) -> None:
     for slot, names in op.outputs.items():
         fwd_names = op.inputs.get(slot[: -len(GRAD_SUFFIX)], [])
         for name, fwd_name in zip(names, fwd_names):
+            if not name:
+                continue  # "": a gradient nobody takes, no variable
             fwd_var = block.find_var(fwd_name)
             var = block.find_var(name) or block.create_var(name)
             if fwd_var is not None:
@@ -392,8 +396,8 @@ def _run_infer(op: OpDesc, op_def: OpDef) -> None:
         names = op.outputs.get(slot.name, [])
         infos = info if slot.duplicable else [info]
         for name, one in zip(names, infos):
-            if one is None:
-                continue
+            if one is None or not name:
+                continue  # "": an output nobody takes
             var = block.find_var(name) or block.create_var(name)
             var.shape, var.dtype = tuple(one.shape), one.dtype
 

@@ -88,15 +88,16 @@ class cast:
     only: an integer or bool X has no gradient)."""
 
     inputs, outputs = ("X",), ("Out",)
-    attrs = {"out_dtype": Required(str)}
+    # in_dtype: Fluid's cast op carries X's dtype too; X's declared dtype is what counts here.
+    attrs = {"out_dtype": Required(str), "in_dtype": None}
 
-    def infer(X, out_dtype):
+    def infer(X, out_dtype, in_dtype=None):
         return VarInfo(X.shape, out_dtype)
 
-    def forward(X, out_dtype):
+    def forward(X, out_dtype, in_dtype=None):
         return X.astype(out_dtype)
 
-    def backward(X, Out, Out_grad, out_dtype):
+    def backward(X, Out, Out_grad, out_dtype, in_dtype=None):
         if not is_floating(X.dtype):
             return (None,)
         return (Out_grad.astype(X.dtype),)
