@@ -120,6 +120,20 @@ def _groups(groups: Any, channels: int, num_filters: int, input: VarDesc, layer:
     return groups
 
 
+def _conv_arguments(input, num_filters, groups, stride, dilation, padding, data_format, layer):
+    """The arguments both conv layers check alike: (channels, num_filters, groups, strides,
+    dilations, paddings, padding_algorithm)."""
+    channels = _image_input(input, data_format, layer)
+    num_filters = as_int(num_filters, f"{layer}: num_filters")
+    if num_filters < 1:
+        raise layer_error(AttrError, layer, f"num_filters must be >= 1, got {num_filters}")
+    groups = _groups(groups, channels, num_filters, input, layer)
+    stride = _pair(stride, layer, "stride")
+    dilation = _pair(dilation, layer, "dilation")
+    paddings, algorithm = _padding(padding, data_format, layer)
+    return channels, num_filters, groups, stride, dilation, paddings, algorithm
+
+
 def _biased(out: VarDesc, bias_attr: Any, num_filters: int, data_format: str, prefix: str):
     """out + bias [num_filters] along the channel axis, unless bias_attr is False."""
     b = parameter_from_attr(bias_attr, [num_filters], out.dtype, f"{prefix}.b", zeros_initializer())
@@ -160,15 +174,10 @@ def conv2d(
     (-1, 8, 32, 32)
     """
     layer = "conv2d"
-    channels = _image_input(input, data_format, layer)
-    num_filters = as_int(num_filters, "conv2d: num_filters")
-    if num_filters < 1:
-        raise layer_error(AttrError, layer, f"num_filters must be >= 1, got {num_filters}")
-    groups = _groups(groups, channels, num_filters, input, layer)
+    channels, num_filters, groups, stride, dilation, paddings, algorithm = _conv_arguments(
+        input, num_filters, groups, stride, dilation, padding, data_format, layer
+    )
     filter_size = _pair(filter_size, layer, "filter_size")
-    stride = _pair(stride, layer, "stride")
-    dilation = _pair(dilation, layer, "dilation")
-    paddings, algorithm = _padding(padding, data_format, layer)
     prefix = name or unique_name.generate("conv2d")
     op_type = "conv2d"
     if channels == groups and num_filters % channels == 0 and not use_cudnn:
@@ -227,14 +236,9 @@ def conv2d_transpose(
     (-1, 2, 13, 13)
     """
     layer = "conv2d_transpose"
-    channels = _image_input(input, data_format, layer)
-    num_filters = as_int(num_filters, "conv2d_transpose: num_filters")
-    if num_filters < 1:
-        raise layer_error(AttrError, layer, f"num_filters must be >= 1, got {num_filters}")
-    groups = _groups(groups, channels, num_filters, input, layer)
-    stride = _pair(stride, layer, "stride")
-    dilation = _pair(dilation, layer, "dilation")
-    paddings, algorithm = _padding(padding, data_format, layer)
+    channels, num_filters, groups, stride, dilation, paddings, algorithm = _conv_arguments(
+        input, num_filters, groups, stride, dilation, padding, data_format, layer
+    )
     four = paddings * 1 if len(paddings) == 4 else [paddings[0]] * 2 + [paddings[1]] * 2
     if output_size is not None:
         output_size = _pair(output_size, layer, "output_size")

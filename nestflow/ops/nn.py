@@ -387,18 +387,25 @@ def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=N
 # ---- conv2d and depthwise_conv2d ----
 
 
-def _infer_conv(Input: VarInfo, Filter: VarInfo, **attrs) -> VarInfo:
+def _conv_operands(Input: VarInfo, Filter: VarInfo, attrs: dict, filter_layout: str):
+    """Checks shared by the conv and transposed conv: a 4-D float Input, a 4-D Filter of its
+    dtype with positive sizes. Returns (channel_last, Input's spatial size, geometry)."""
     channel_last = _check_layout(attrs["data_format"])
     _require_4d(Input, "Input", "NHWC" if channel_last else "NCHW")
-    _require_4d(Filter, "Filter", "[out_channels, in_channels / groups, kh, kw]")
+    _require_4d(Filter, "Filter", filter_layout)
     _require_float(Input, "Input")
     if Filter.dtype != Input.dtype:
         raise DTypeError(f"Input is {Input.dtype} but Filter is {Filter.dtype}")
-    m, cg, kh, kw = Filter.shape
-    if min(kh, kw) < 1 or m < 1 or cg < 1:
+    if min(Filter.shape) < 1:
         fail(f"Filter {list(Filter.shape)} must have positive sizes")
     in_hw = _spatial(Input.shape, channel_last)
-    geo = _conv_geometry(attrs, in_hw, (kh, kw))
+    return channel_last, in_hw, _conv_geometry(attrs, in_hw, Filter.shape[2:])
+
+
+def _infer_conv(Input: VarInfo, Filter: VarInfo, **attrs) -> VarInfo:
+    layout = "[out_channels, in_channels / groups, kh, kw]"
+    channel_last, in_hw, geo = _conv_operands(Input, Filter, attrs, layout)
+    m, cg, kh, kw = Filter.shape
     c = _channels(Input.shape, channel_last)
     if c >= 0 and c != cg * geo.groups:
         fail(
@@ -454,16 +461,16 @@ def _conv_backward(Input, Filter, Output_grad, relu_first: bool, attrs: dict, ne
     return dx, dw
 
 
-_CONV2D_ATTRS = {
+_CONV_COMMON = {
     "strides": [1, 1],
     "paddings": [0, 0],
     "padding_algorithm": "EXPLICIT",
     "groups": 1,
     "dilations": [1, 1],
     "data_format": "NCHW",
-    "fuse_relu_before_depthwise_conv": False,
     **_CONV_HINTS,
 }
+_CONV2D_ATTRS = {**_CONV_COMMON, "fuse_relu_before_depthwise_conv": False}
 
 
 @register_op
@@ -526,17 +533,9 @@ def _transposed_out_hw(geo: _ConvGeometry, in_hw, k_hw, output_size: list) -> tu
 
 
 def _infer_conv_transpose(Input: VarInfo, Filter: VarInfo, **attrs) -> VarInfo:
-    channel_last = _check_layout(attrs["data_format"])
-    _require_4d(Input, "Input", "NHWC" if channel_last else "NCHW")
-    _require_4d(Filter, "Filter", "[in_channels, out_channels / groups, kh, kw]")
-    _require_float(Input, "Input")
-    if Filter.dtype != Input.dtype:
-        raise DTypeError(f"Input is {Input.dtype} but Filter is {Filter.dtype}")
+    layout = "[in_channels, out_channels / groups, kh, kw]"
+    channel_last, in_hw, geo = _conv_operands(Input, Filter, attrs, layout)
     c, mg, kh, kw = Filter.shape
-    if min(kh, kw) < 1 or c < 1 or mg < 1:
-        fail(f"Filter {list(Filter.shape)} must have positive sizes")
-    in_hw = _spatial(Input.shape, channel_last)
-    geo = _conv_geometry(attrs, in_hw, (kh, kw))
     channels = _channels(Input.shape, channel_last)
     if channels >= 0 and channels != c:
         fail(
@@ -558,16 +557,7 @@ def _infer_conv_transpose(Input: VarInfo, Filter: VarInfo, **attrs) -> VarInfo:
     return VarInfo(_with_chw(Input.shape[0], mg * geo.groups, out_hw, channel_last), Input.dtype)
 
 
-_CONV2D_TRANSPOSE_ATTRS = {
-    "output_size": [],
-    "strides": [1, 1],
-    "paddings": [0, 0],
-    "padding_algorithm": "EXPLICIT",
-    "groups": 1,
-    "dilations": [1, 1],
-    "data_format": "NCHW",
-    **_CONV_HINTS,
-}
+_CONV2D_TRANSPOSE_ATTRS = {"output_size": [], **_CONV_COMMON}
 
 
 def _transpose_setup(Input, Filter, attrs):
