@@ -21,7 +21,7 @@ $(DEMO_DEPS): pyproject.toml $(BASE)
 	touch $(DEMO_DEPS)
 
 $(TEST_DEPS): pyproject.toml $(BASE)
-	$(BIN)/pip install -q -e '.[test,examples,bench,proto]'
+	$(BIN)/pip install -q -e '.[test,examples,bench,proto,onnx]'
 	touch $(TEST_DEPS)
 
 $(BENCH_DEPS): pyproject.toml $(BASE)

@@ -38,6 +38,7 @@ def test_pyproject_declares_the_runtime_dependencies_and_extras():
     assert {"pytest", "hypothesis"} <= names(extras["test"])
     assert names(extras["examples"]) == {"scikit-learn"}
     assert extras["bench"] == ["torch==2.13.0"]  # pinned exactly
+    assert names(extras["onnx"]) == {"onnx", "onnxruntime"}
 
 
 def test_make_test_installs_the_bench_extra_so_the_torch_comparisons_run():
@@ -47,7 +48,7 @@ def test_make_test_installs_the_bench_extra_so_the_torch_comparisons_run():
     test_rule = re.search(r"^test: *\$\((\w+)\)", makefile, re.M)
     assert test_rule, "make test builds its venv first"
     extras = _extras_installed_by(makefile, test_rule.group(1))
-    assert {"test", "bench"} <= extras
+    assert {"test", "bench", "onnx"} <= extras  # the ONNX tests run in CI too
 
 
 def test_make_demo_installs_only_what_the_demo_needs():
