@@ -1,6 +1,8 @@
 """nf.layers: build programs by appending ops (the catalogue users expect)."""
 
 from nestflow.layers import initializer, variable_ops
+from nestflow.layers.cond import *  # noqa: F403
+from nestflow.layers.cond import __all__ as _cond_all
 from nestflow.layers.control_flow import *  # noqa: F403
 from nestflow.layers.control_flow import __all__ as _control_flow_all
 from nestflow.layers.initializer import ParamAttr
@@ -34,6 +36,7 @@ __all__ = [
     *_loss_all,
     *_tensor_all,
     *_lr_all,
+    *_cond_all,
 ]
 
 

@@ -12,6 +12,7 @@ from tests.ops.harness import OpCase, cases_in
 # cannot hold; each is checked numerically through the layers that build it.
 CHECKED_ELSEWHERE = {
     "block": "tests/layers/test_block_op.py",
+    "conditional_block": "tests/layers/test_cond.py",
     "ifelse": "tests/layers/test_ifelse.py",
     "recurrent": "tests/layers/test_rnn.py",
     "while": "tests/layers/test_while.py",
