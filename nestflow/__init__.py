@@ -54,10 +54,13 @@ rnn = layers.RNN
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from nestflow import clip, io, metric, nets, profiler, regularizer
+    from nestflow import clip, io, metric, nets, onnx, profiler, regularizer
+    from nestflow.hapi import InputSpec, Model, callbacks
 
 # Imported on first use (safetensors, tempfile): most programs never save or load a file.
-_LAZY_MODULES = ("io", "nets", "regularizer", "clip", "metric", "profiler")
+_LAZY_MODULES = ("io", "nets", "regularizer", "clip", "metric", "profiler", "onnx")
+# Names of the high-level API (nestflow.hapi), imported on first use as well.
+_LAZY_HAPI = ("Model", "InputSpec", "callbacks")
 
 
 def __getattr__(name: str):
@@ -65,6 +68,11 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module(f"nestflow.{name}")
+    if name in _LAZY_HAPI:
+        import nestflow.hapi
+
+        value = globals()[name] = getattr(nestflow.hapi, name)
+        return value
     from nestflow.errors import UnknownNameError, suggest_names
 
     raise UnknownNameError(
@@ -74,7 +82,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY_MODULES})
+    return sorted({*globals(), *_LAZY_MODULES, *_LAZY_HAPI})
 
 
 __all__ = [
@@ -82,6 +90,8 @@ __all__ = [
     "CPUPlace",
     "CUDAPlace",
     "Executor",
+    "InputSpec",
+    "Model",
     "Net",
     "NetBuilder",
     "PlainNet",
@@ -115,9 +125,11 @@ __all__ = [
     "io",
     "nets",
     "regularizer",
+    "callbacks",
     "clip",
     "metric",
     "profiler",
+    "onnx",
     "layer",
     "layers",
     "ops",

@@ -20,13 +20,13 @@ MIN_ACCURACY held-out accuracy (--min-accuracy to change it). With seed 0 it rea
 from __future__ import annotations
 
 import argparse
-import tempfile
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 import nestflow as nf
-from nestflow.cli.demo_mlp import Digits, accuracy_of, train
+from nestflow.cli.demo_mlp import Digits, accuracy_of, output_directory, saved_message, train
 
 EPOCHS = 12
 LEARNING_RATE = 1e-3
@@ -98,6 +98,7 @@ def predict(model: Model, images: np.ndarray, scope: nf.Scope) -> np.ndarray:
 
 def run(args: argparse.Namespace) -> int:
     """The CLI entry: train, evaluate, save, reload, re-check; 1 if a check fails."""
+    started = time.perf_counter()
     epochs = args.epochs if args.epochs is not None else EPOCHS
     min_accuracy = getattr(args, "min_accuracy", None)
     min_accuracy = MIN_ACCURACY if min_accuracy is None else min_accuracy
@@ -115,17 +116,18 @@ def run(args: argparse.Namespace) -> int:
     test_accuracy = accuracy_of(trained, data.test_y)
     print(f"test accuracy: {test_accuracy:.2%}")
 
-    out = args.out or tempfile.mkdtemp(prefix="nestflow-digits-conv-")
-    nf.io.save_inference_model(out, ["x"], [model.probabilities], model.main, scope)
-    program, feeds, fetches, loaded_scope = nf.io.load_inference_model(out)
-    (reloaded,) = nf.Executor().run(
-        program, feed={feeds[0]: data.test_x}, fetch_list=fetches, scope=loaded_scope
-    )
+    with output_directory(args.out, "nestflow-digits-conv-") as out:
+        nf.io.save_inference_model(out, ["x"], [model.probabilities], model.main, scope)
+        program, feeds, fetches, loaded_scope = nf.io.load_inference_model(out)
+        (reloaded,) = nf.Executor().run(
+            program, feed={feeds[0]: data.test_x}, fetch_list=fetches, scope=loaded_scope
+        )
+        print(saved_message(args.out, out))
     reloaded_accuracy = accuracy_of(reloaded, data.test_y)
     identical = reloaded.dtype == trained.dtype and np.array_equal(reloaded, trained)
-    print(f"saved inference model to {out} (show it: nestflow show {out})")
     print(f"reloaded model test accuracy: {reloaded_accuracy:.2%}")
     print(f"reloaded predictions identical bit for bit: {identical}")
+    print(f"done in {time.perf_counter() - started:.1f} s")
     if not identical:
         return 1
     if test_accuracy < min_accuracy:

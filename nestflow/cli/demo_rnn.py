@@ -20,13 +20,14 @@ saved with nf.io.save_inference_model, loaded back and checked to predict the sa
 from __future__ import annotations
 
 import argparse
-import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 import nestflow as nf
+from nestflow.cli.demo_mlp import output_directory, progress_logger, saved_message
 from nestflow.core.threads import threads_summary
 
 HIDDEN = 16
@@ -103,8 +104,6 @@ def train(
     progress: bool = True,
 ) -> list[float]:
     """Train in place in `scope`; returns the mean training loss of each epoch."""
-    from tqdm import tqdm
-
     exe = nf.Executor()
     nf.seed(seed)
     exe.run(model.startup, scope=scope)
@@ -112,14 +111,14 @@ def train(
     n = len(data.lengths)
     history = []
     initial_rate = model.optimizer.learning_rate
+    logger = progress_logger(epochs, -(-n // BATCH_SIZE), progress)
     for epoch in range(epochs):
         cosine = 0.5 * (1 + np.cos(np.pi * epoch / epochs))
         model.optimizer.set_learning_rate(initial_rate * cosine, scope)
         order = rng.permutation(n)
-        batches = range(0, n, BATCH_SIZE)
-        bar = tqdm(batches, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", disable=not progress)
+        logger.on_epoch_begin(epoch)
         seen = loss_sum = correct = 0.0
-        for start in bar:
+        for step, start in enumerate(range(0, n, BATCH_SIZE)):
             rows = order[start : start + BATCH_SIZE]
             loss, accuracy = exe.run(
                 model.main,
@@ -130,7 +129,8 @@ def train(
             seen += len(rows)
             loss_sum += float(loss) * len(rows)
             correct += float(accuracy) * len(rows)
-            bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.3f}")
+            logger.on_train_batch_end(step, {"loss": loss_sum / seen, "acc": correct / seen})
+        logger.on_epoch_end(epoch, {"loss": loss_sum / seen, "acc": correct / seen})
         history.append(loss_sum / seen)
     return history
 
@@ -145,6 +145,7 @@ def predict(exe: nf.Executor, program, feeds, fetches, scope, data: Sequences) -
 
 def run(args: argparse.Namespace) -> int:
     """The CLI entry: train, evaluate, save, reload, re-check; 1 if a check fails."""
+    started = time.perf_counter()
     epochs = getattr(args, "epochs", None) or EPOCHS
     seed = getattr(args, "seed", 0) or 0
     limit = getattr(args, "limit", None)
@@ -176,13 +177,14 @@ def run(args: argparse.Namespace) -> int:
     test_accuracy = float((trained.argmax(axis=1) == test_data.labels.ravel()).mean())
     print(f"test accuracy: {test_accuracy:.2%}")
 
-    out = getattr(args, "out", None) or tempfile.mkdtemp(prefix="nestflow-rnn-")
-    nf.io.save_inference_model(out, ["x", "lengths"], [model.probabilities], model.main, scope)
-    program, feeds, fetches, loaded_scope = nf.io.load_inference_model(out)
-    reloaded = predict(exe, program, feeds, fetches, loaded_scope, test_data)
+    with output_directory(getattr(args, "out", None), "nestflow-rnn-") as out:
+        nf.io.save_inference_model(out, ["x", "lengths"], [model.probabilities], model.main, scope)
+        program, feeds, fetches, loaded_scope = nf.io.load_inference_model(out)
+        reloaded = predict(exe, program, feeds, fetches, loaded_scope, test_data)
+        print(saved_message(getattr(args, "out", None), out))
     identical = reloaded.dtype == trained.dtype and np.array_equal(reloaded, trained)
-    print(f"saved inference model to {out} (show it: nestflow show {out})")
     print(f"reloaded predictions identical bit for bit: {identical}")
+    print(f"done in {time.perf_counter() - started:.1f} s")
     if not identical:
         return 1
     if test_accuracy < min_accuracy:

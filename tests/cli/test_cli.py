@@ -33,13 +33,36 @@ def test_demo_trains_saves_and_reloads_identically(demo_run):
     assert accuracy >= 97.0
     assert reloaded == accuracy
     assert "identical bit for bit: True" in result.stdout
-    # The tqdm bars (stderr) show each epoch's loss and accuracy.
-    assert "epoch 20/20" in result.stderr and "loss=" in result.stderr and "acc=" in result.stderr
+    assert re.search(r"^done in [\d.]+ s$", result.stdout, re.M)
     # model.json and the one program and parameter file it names (issue 12: no leftovers)
     names = sorted(p.name for p in out.iterdir())
     assert len(names) == 3 and names[1] == "model.json", names
     assert re.fullmatch(r"model\.[0-9a-f]{16}\.pb", names[0])
     assert re.fullmatch(r"params\.[0-9a-f]{16}\.safetensors", names[2])
+
+
+def test_demo_progress_is_one_line_per_epoch_off_a_terminal(demo_run):
+    """Issue 16: with stdout not a terminal (a log file, a pipe) the progress is one line per
+    epoch with its loss, accuracy and held-out values, and no bar redraws anywhere."""
+    result, _ = demo_run
+    line = (
+        r"^epoch (\d+)/20: loss [\d.]+, acc [\d.]+, eval_loss [\d.]+, eval_acc [\d.]+ "
+        r"\(45 steps, [\d.]+ s\)$"
+    )
+    assert re.findall(line, result.stdout, re.M) == [str(e) for e in range(1, 21)]
+    assert "\r" not in result.stdout + result.stderr and result.stderr == ""
+
+
+def test_demo_without_out_leaves_no_temporary_directory(tmp_path, monkeypatch, capsys):
+    """Issue 16: the inference model goes to a temporary directory that is removed."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    args = ["demo", "--epochs", "1", "--limit", "200", "--no-progress", "--min-accuracy", "0"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "removed at exit" in text and "identical bit for bit: True" in text
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_demo_fails_when_accuracy_is_below_the_bar(tmp_path, capsys):
