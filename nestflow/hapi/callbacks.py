@@ -322,12 +322,16 @@ class ModelCheckpoint(Callback):
     """Saves the model (model.save, training state included) every `save_freq` epochs to
     `{save_dir}/{epoch}` and after the last epoch to `{save_dir}/final`; `save_dir` defaults to
     fit's. Nothing is written without a save_dir, nor by other ranks than the writing one.
+    Paddle's argument order (save_freq, save_dir); a path given first is the save_dir, so
+    `ModelCheckpoint("checkpoints", 2)` (DESIGN.md's order) works as well.
 
     >>> checkpoint = ModelCheckpoint(save_freq=5, save_dir="checkpoints")  # model.fit(callbacks=[...])
     """
 
-    def __init__(self, save_freq: int = 1, save_dir: str | os.PathLike | None = None):
+    def __init__(self, save_freq: Any = 1, save_dir: Any = None):
         super().__init__()
+        if isinstance(save_freq, (str, os.PathLike)):
+            save_freq, save_dir = (1 if save_dir is None else save_dir), save_freq
         self.save_freq = check_count(save_freq, "ModelCheckpoint: save_freq")
         self.save_dir = None if save_dir is None else os.fspath(save_dir)
 

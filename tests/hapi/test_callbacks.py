@@ -189,7 +189,10 @@ def test_model_checkpoint_writes_every_save_freq_epochs_and_the_final(tmp_path):
     fresh = classifier()
     fresh.load(tmp_path / "a" / "1")
     assert fresh.epoch == 2
-    checkpoint = nf.callbacks.ModelCheckpoint(save_dir=tmp_path / "b")
+    design = nf.callbacks.ModelCheckpoint("c", 3)  # DESIGN.md's order (save_dir, save_freq)
+    paddle = nf.callbacks.ModelCheckpoint(3, "c")  # Paddle's
+    assert (design.save_dir, design.save_freq) == (paddle.save_dir, paddle.save_freq) == ("c", 3)
+    checkpoint = nf.callbacks.ModelCheckpoint(tmp_path / "b")
     model.fit(data(), batch_size=20, epochs=1, verbose=0, callbacks=[checkpoint])
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
         "4.safetensors",

@@ -209,6 +209,22 @@ model.save({str(tmp_path / "ckpt" / "final")!r})
     assert_same_state(resumed, state_of(whole))
 
 
+def test_a_fit_resumed_from_a_model_checkpoint_equals_the_whole_fit(tmp_path):
+    """The checkpoints ModelCheckpoint writes at each epoch's end (after its evaluation)
+    resume like an explicit save."""
+    data, held_out = resume_data(), tuple(a[:50] for a in resume_data())
+    nf.seed(0)
+    whole = resumable_model()
+    whole.fit(data, eval_data=held_out, batch_size=16, epochs=3, verbose=0, save_dir=tmp_path)
+    nf.seed(1)
+    resumed = resumable_model()
+    resumed.load(tmp_path / "0")  # after the first epoch
+    resumed.fit(data, eval_data=held_out, batch_size=16, epochs=2, verbose=0)
+    assert_same_state(state_of(resumed), state_of(whole))
+    final = nf.io.params.read_params(tmp_path / "final.safetensors")
+    assert_same_state(final, state_of(whole))
+
+
 def test_shuffled_dataset_batches_depend_on_the_epoch_and_resume_with_it(tmp_path):
     """fit shuffles a dataset by (seed, epoch): each epoch another order, and a resumed model
     sees the uninterrupted run's orders (the seed is in the checkpoint)."""
