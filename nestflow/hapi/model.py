@@ -397,14 +397,17 @@ class Model:
     def _loader(self, data: Any, batch_size: int, shuffle: bool, drop_last: bool, what: str):
         """`data` as an iterable of batches: a DataLoader (or any iterable that is not a
         dataset) as it is; a Dataset, a tuple of arrays (fields) or an array in a DataLoader."""
-        from nestflow.io.data import DataLoader, TensorDataset
+        from nestflow.io.data import BatchSampler, DataLoader, TensorDataset
 
         if isinstance(data, DataLoader):
             return data
         if isinstance(data, tuple) or isinstance(data, np.ndarray):
             data = TensorDataset(list(data) if isinstance(data, tuple) else [data])
+        seed = self._shuffle_seed if shuffle else None
+        if type(data) is TensorDataset:
+            sampler = BatchSampler(data, batch_size, shuffle, drop_last, seed or 0)
+            return _ArrayBatches(data.arrays, sampler)
         if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
-            seed = self._shuffle_seed if shuffle else None
             return DataLoader(data, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
         if isinstance(data, Iterable):
             return data
@@ -808,6 +811,25 @@ def _checkpoint_state(metadata: dict[str, str], file: str) -> dict[str, Any] | N
             f"checkpoint '{file}' has a malformed training state in its header: {exc}"
         ) from None
     return checked
+
+
+class _ArrayBatches:
+    """The batches a DataLoader of a TensorDataset gives (the same seeded BatchSampler, so the
+    same order), cut from the arrays with one fancy index each instead of stacking samples
+    one by one on a prefetch thread: the data is in memory, there is nothing to prefetch."""
+
+    def __init__(self, arrays: list[np.ndarray], batch_sampler: Any):
+        self.arrays = arrays
+        self.batch_sampler = batch_sampler
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
+        return (tuple(a[indices] for a in self.arrays) for indices in self.batch_sampler)
 
 
 @contextlib.contextmanager

@@ -265,6 +265,29 @@ def test_shuffled_dataset_batches_depend_on_the_epoch_and_resume_with_it(tmp_pat
     assert seen["b"] == seen["a"]
 
 
+def test_arrays_are_batched_as_a_dataloader_of_their_dataset_would():
+    """fit cuts tuples of arrays with one index per field; the batches (seeded order, last
+    partial batch, drop_last) are those of a DataLoader over their TensorDataset."""
+    data = resume_data()
+    for drop_last in (False, True):
+        nf.seed(0)
+        arrays = resumable_model()
+        arrays.fit(data, batch_size=24, epochs=2, drop_last=drop_last, verbose=0)
+        nf.seed(0)
+        loaded = resumable_model()
+        loader = nf.io.DataLoader(
+            nf.io.TensorDataset(list(data)),
+            batch_size=24,
+            shuffle=True,
+            drop_last=drop_last,
+            seed=loaded._shuffle_seed,
+        )
+        loaded.fit(loader, epochs=2, verbose=0)
+        assert_same_state(state_of(arrays), state_of(loaded))
+        steps = 2 * (200 // 24 if drop_last else -(-200 // 24))
+        assert state_of(arrays)["@LR_DECAY_COUNTER@"].tolist() == [steps - 1]
+
+
 # ---- evaluate, predict, summary, save ----
 
 
