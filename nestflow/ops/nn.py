@@ -15,6 +15,7 @@ are accepted so Fluid programs load, and have no effect.
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -193,33 +194,50 @@ def _col2im(cols: np.ndarray, padded_hw, strides, dilations) -> np.ndarray:
 
 
 class _ColumnsMemo:
-    """The im2col columns of each conv forward's input, kept until its filter gradient takes
-    them (recomputing them costs up to a tenth of a conv's forward and backward). An entry is
-    keyed by the input array object, held weakly so the entry dies with the array, and by the
-    geometry; the executor never writes into an array a later op still reads, so the columns
-    stay valid while the array lives."""
+    """The im2col columns (or Winograd tiles) of recent conv forwards' inputs, kept until the
+    filter gradient takes them: recomputing them costs up to a tenth of a conv's forward and
+    backward. An entry is keyed by the input array object, held weakly so the entry dies with
+    the array, and by the geometry; the executor never writes into an array a later op still
+    reads, so the columns stay valid while the array lives. At most `limit` bytes are kept,
+    the oldest entries dropped first (their gradients recompute them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self._entries: dict[int, tuple] = {}
+        self._bytes = 0
+        self._lock = threading.RLock()  # weakref callbacks may run in any thread
+
+    def _drop(self, ident: int) -> tuple | None:
+        entry = self._entries.pop(ident, None)
+        if entry is not None:
+            self._bytes -= entry[2].nbytes
+        return entry
 
     def put(self, x: np.ndarray, key: tuple, cols: np.ndarray) -> None:
         ident = id(x)
-        entries = self._entries
 
         def forget(_ref, ident=ident):
-            entries.pop(ident, None)
+            with self._lock:
+                self._drop(ident)
 
-        entries[ident] = (weakref.ref(x, forget), key, cols)
+        with self._lock:
+            self._drop(ident)
+            if cols.nbytes > self.limit:
+                return
+            while self._entries and self._bytes + cols.nbytes > self.limit:
+                self._drop(next(iter(self._entries)))
+            self._entries[ident] = (weakref.ref(x, forget), key, cols)
+            self._bytes += cols.nbytes
 
     def take(self, x: np.ndarray, key: tuple) -> np.ndarray | None:
-        entry = self._entries.get(id(x))
-        if entry is None or entry[0]() is not x or entry[1] != key:
-            return None
-        self._entries.pop(id(x), None)
-        return entry[2]
+        with self._lock:
+            entry = self._entries.get(id(x))
+            if entry is None or entry[0]() is not x or entry[1] != key:
+                return None
+            return self._drop(id(x))[2]
 
 
-_COLUMNS = _ColumnsMemo()
+_COLUMNS = _ColumnsMemo(limit=256 << 20)
 
 
 @dataclass(frozen=True)
@@ -338,8 +356,10 @@ def _conv(x: np.ndarray, w: np.ndarray, geo: _ConvGeometry, memo: bool = False) 
     cols = _columns(x, (kh, kw), geo, out_hw)
     if memo:
         _COLUMNS.put(x, (geo, (kh, kw)), cols)
-    out = np.matmul(w.reshape(g, m // g, cg * kh * kw), cols)
-    return _batch_first(out.reshape((m,) + out_hw + x.shape[:1]))
+    # [OH * OW * N, M/g] per group: OpenBLAS runs the product with few output rows slower
+    out = winograd.matmul_nt(np.swapaxes(cols, 1, 2), w.reshape(g, m // g, cg * kh * kw))
+    out = out.reshape((g,) + out_hw + (x.shape[0], m // g)).transpose(3, 0, 4, 1, 2)
+    return np.ascontiguousarray(out).reshape((x.shape[0], m) + out_hw)
 
 
 def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None) -> np.ndarray:
@@ -437,7 +457,8 @@ def _conv_forward(Input, Filter, relu_first: bool, attrs: dict) -> np.ndarray:
     if relu_first:
         x = np.maximum(x, 0)
     geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
-    return _from_nchw(_conv(x, Filter, geo, memo=True), channel_last)
+    # an inference program (is_test, as Program.clone(for_test=True) sets) takes no gradient
+    return _from_nchw(_conv(x, Filter, geo, memo=not attrs["is_test"]), channel_last)
 
 
 def _conv_backward(Input, Filter, Output_grad, relu_first: bool, attrs: dict, needs):

@@ -55,13 +55,18 @@ _K_CHUNK = 512
 
 
 def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a [..., M, K] times b [..., N, K] transposed: [..., M, N]. A long K is summed in pieces
-    of at most _K_CHUNK when M and N are at least 16: OpenBLAS runs a small-output product with
-    a long K (a filter gradient's 64x64 summed over 25088 pixels) at less than half speed in
-    one call, measured on the W9 benchmark's shapes."""
+    """a [..., M, K] times b [..., N, K] transposed: [..., M, N] (a transposed view when
+    M < N). Two habits of OpenBLAS's single-threaded sgemm, measured on the W8 and W9
+    benchmarks' shapes: a product whose output has few rows runs up to 2.5x slower than its
+    transpose (so the larger of M, N becomes the rows), and a small-output product with a long
+    K (a filter gradient's 64x64 summed over 25088 pixels) runs at under half speed in one
+    call (so such a K is summed in pieces of at most _K_CHUNK)."""
+    if a.shape[-2] < b.shape[-2]:
+        return np.swapaxes(matmul_nt(b, a), -1, -2)
     k = a.shape[-1]
-    small = min(a.shape[-2], b.shape[-2]) < 16  # calls' overhead outweighs the gain
-    pieces = 1 if small else max(1, -(-k // _K_CHUNK))
+    # only a long K into a small output; with N < 16 the calls' overhead outweighs the gain
+    chunked = b.shape[-2] >= 16 and k > 4 * a.shape[-2]
+    pieces = max(1, -(-k // _K_CHUNK)) if chunked else 1
     size = -(-k // pieces) if k else 0
     total = np.matmul(a[..., :size], np.swapaxes(b[..., :size], -1, -2))
     for start in range(size, k, size):

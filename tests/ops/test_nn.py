@@ -558,6 +558,66 @@ def test_pointwise_path(case, monkeypatch):
     case.check()
 
 
+# ---- the columns memo: forward's im2col columns / Winograd tiles reused by the gradient ----
+
+
+def test_columns_memo_entries_die_with_their_array_and_respect_the_limit():
+    memo = nn_ops._ColumnsMemo(limit=1000)
+    a, b = np.zeros(3), np.zeros(3)
+    memo.put(a, ("k",), np.zeros(100))  # 800 bytes
+    assert memo.take(a, ("other",)) is None  # another geometry
+    assert memo.take(np.zeros(3), ("k",)) is None  # another array
+    memo.put(b, ("k",), np.ones(50))  # 400 more: over the limit, a's entry goes
+    assert memo.take(a, ("k",)) is None
+    assert memo.take(b, ("k",))[0] == 1.0
+    assert memo.take(b, ("k",)) is None  # taken once
+    memo.put(a, ("k",), np.zeros(200))  # larger than the limit: not kept
+    assert memo.take(a, ("k",)) is None
+    memo.put(a, ("k",), np.zeros(10))
+    del a
+    assert not memo._entries and memo._bytes == 0
+
+
+@pytest.mark.parametrize(
+    "filter_shape", [(16, 16, 3, 3), (4, 16, 5, 5)], ids=["winograd", "im2col"]
+)
+def test_filter_gradient_is_the_same_with_and_without_the_memo(filter_shape, monkeypatch):
+    x, w = normal(2, 16, 8, 7), normal(*filter_shape)
+    upstream = normal(2, filter_shape[0], 8, 7)
+    attrs = {"paddings": [filter_shape[2] // 2] * 2}
+    taken = []
+    take = nn_ops._COLUMNS.take
+
+    def counted(x, key):
+        got = take(x, key)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(nn_ops._COLUMNS, "take", counted)
+    _, with_memo = run_with_grads("conv2d", {"Input": x, "Filter": w}, attrs, "Output", upstream)
+    assert taken == [True]
+    monkeypatch.setattr(nn_ops._COLUMNS, "limit", 0)
+    _, without = run_with_grads("conv2d", {"Input": x, "Filter": w}, attrs, "Output", upstream)
+    assert taken == [True, False]
+    np.testing.assert_allclose(with_memo["Filter"], without["Filter"], rtol=1e-12, atol=1e-12)
+
+
+def test_an_inference_conv_keeps_no_columns():
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 3, 6, 6])
+        out = nf.layers.conv2d(x, 4, 3, bias_attr=False, name="c")
+    test_program = main.clone(for_test=True)
+    exe, scope = nf.Executor(), nf.Scope()
+    exe.run(startup, scope=scope)
+    feed = normal(2, 3, 6, 6, dtype="float32")
+    before = dict(nn_ops._COLUMNS._entries)
+    exe.run(test_program, feed={"x": feed}, fetch_list=[out], scope=scope)
+    assert nn_ops._COLUMNS._entries == before
+    exe.run(main, feed={"x": feed}, fetch_list=[out], scope=scope)
+    assert id(feed) in nn_ops._COLUMNS._entries  # a training forward keeps them for the gradient
+
+
 # ---- PyTorch in float64: forward and gradients over grids of settings ----
 
 
