@@ -122,6 +122,16 @@ _ELEMENTWISE = frozenset(
     {"elementwise_add", "elementwise_div", "elementwise_mul", "elementwise_sub"}
 )
 _MATMUL_ATTRS = frozenset({"transpose_X", "transpose_Y", "alpha"})
+# Deterministic ops without side effects: one whose inputs are all time-invariant computes the
+# same value at every step, so it runs once before the recurrent op (e.g. a cell's transposed
+# and reordered weights).
+_INVARIANT = (
+    _UNARY
+    | _ELEMENTWISE
+    | frozenset(
+        {"concat", "matmul", "mul", "reshape", "slice", "split", "stack", "sum", "transpose"}
+    )
+)
 
 
 def _batched(op: OpDesc, kind) -> tuple[str, dict[str, Any]] | None:
@@ -473,8 +483,9 @@ class RNN:
         same name. Outputs that are memories or memory updates, written twice or read before
         they are written stay in the step. Returns the step inputs after hoisting."""
         block, parent = self._block, self._parent
-        writes = _writes(block)
         pinned = {m.var.name for m in self._memories} | {m.update.name for m in self._memories}
+        self._hoist_invariant(pinned | {v.name for v in self._outputs})
+        writes = _writes(block)
         varying = {n: block.vars[n].ndim for n in inputs if not writes[n]}
 
         def kind(name: str) -> tuple[str, int] | None:
@@ -513,6 +524,54 @@ class RNN:
                 block.remove_var(name)
                 del self._shadows[name]
         return kept
+
+    def _hoist_invariant(self, pinned: set[str]) -> None:
+        """Move out of the step, in order, the `_INVARIANT` ops whose inputs are all outer
+        variables the step never writes (or outputs of ops moved before them): they run once,
+        before the recurrent op, and the step reads their outputs as outer variables. Outputs
+        that are memories, updates or step outputs, written twice, read before they are
+        written or declared outside the step keep the op in the step."""
+        block, parent = self._block, self._parent
+        writes = _writes(block)
+        read: set[str] = set()
+        for op in list(block.ops):
+            ins, outs = [n for n in op.input_names() if n], op.output_names()
+            if (
+                op.type in _INVARIANT
+                and ins
+                and all(n not in block.vars and not writes[n] for n in ins)
+                and all(parent.find_var(n) is not None for n in ins)
+                and all(
+                    n in block.vars
+                    and writes[n] == 1
+                    and n not in pinned | read
+                    and parent.find_var(n) is None
+                    for n in outs
+                )
+                and self._move_whole(op)
+            ):
+                writes.subtract(outs)
+                continue
+            read |= _op_reads(op)
+
+    def _move_whole(self, op: OpDesc) -> bool:
+        """Append `op` unchanged to the parent block, its outputs declared there (and no longer
+        in the step); False, and nothing changed, if the parent rejects it."""
+        block, parent = self._block, self._parent
+        outs = op.output_names()
+        for name in outs:
+            var = block.vars[name]
+            parent.create_var(name, (), var.dtype, stop_gradient=var.stop_gradient)
+        try:
+            parent.append_op(op.type, op.inputs, op.outputs, dict(op.attrs), source=op.source)
+        except NestflowError:
+            for name in outs:
+                parent.remove_var(name)
+            return False
+        block.remove_op(op.index)
+        for name in outs:
+            block.remove_var(name)
+        return True
 
     def _move(self, op: OpDesc, op_type: str, attrs: dict[str, Any]) -> bool:
         """Append `op` (as `op_type` with `attrs`) to the parent block, its output declared

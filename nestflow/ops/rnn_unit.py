@@ -1,0 +1,170 @@
+"""One LSTM step as one op: lstm_unit (Fluid 1.8's slots, attrs and gate order).
+
+The recurrent layers (nf.layers.lstm, LSTMCell) compute the gate pre-activations of a step with
+one product and run the rest of the step here: one op, and one gradient op, per step instead of
+a dozen elementwise ones. The gradient recomputes the gates from X (cheaper than keeping them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nestflow.core.dtype import is_floating
+from nestflow.errors import DTypeError
+from nestflow.ops.registry import VarInfo, fail, register_op
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # tanh form: no overflow warning for large |x|; in place on the fresh tanh result.
+    out = np.tanh(x * np.asarray(0.5, x.dtype))
+    out *= 0.5
+    out += 0.5
+    return out
+
+
+def _gates(X: np.ndarray, forget_bias: float):
+    """sigmoid(i), sigmoid(f + forget_bias), sigmoid(o), tanh(g) from X = [i, f, o, g]."""
+    d = X.shape[-1] // 4
+    if forget_bias:
+        x = X.copy()
+        x[..., d : 2 * d] += np.asarray(forget_bias, X.dtype)
+    else:
+        x = X
+    ifo = _sigmoid(x[..., : 3 * d])
+    return ifo[..., :d], ifo[..., d : 2 * d], ifo[..., 2 * d :], np.tanh(x[..., 3 * d :])
+
+
+@register_op
+class lstm_unit:
+    """C = C_prev * sigmoid(f + forget_bias) + sigmoid(i) * tanh(g); H = tanh(C) * sigmoid(o),
+    where X [..., 4D] holds the gate pre-activations [i, f, o, g] (in this order, Fluid's) and
+    C_prev [..., D] the cell state before the step."""
+
+    inputs, outputs = ("X", "C_prev"), ("C", "H")
+    attrs = {"forget_bias": 0.0}
+
+    def infer(X, C_prev, forget_bias):
+        if not is_floating(X.dtype) or X.dtype != C_prev.dtype:
+            raise DTypeError(
+                f"X ({X.dtype}) and C_prev ({C_prev.dtype}) must be one floating-point dtype"
+            )
+        if X.ndim < 1 or X.ndim != C_prev.ndim:
+            fail(f"X {list(X.shape)} and C_prev {list(C_prev.shape)} must have one rank >= 1")
+        d, width = C_prev.shape[-1], X.shape[-1]
+        if width >= 0 and width % 4:
+            fail(f"X {list(X.shape)}: its last dim holds 4 gates, so it must divide by 4")
+        if d >= 0 and width >= 0 and width != 4 * d:
+            fail(
+                f"X {list(X.shape)} must have 4 * {d} columns (4 gates of C_prev "
+                f"{list(C_prev.shape)}), got {width}"
+            )
+        lead = [a if a >= 0 else b for a, b in zip(X.shape[:-1], C_prev.shape[:-1])]
+        if any(a >= 0 and b >= 0 and a != b for a, b in zip(X.shape[:-1], C_prev.shape[:-1])):
+            fail(f"X {list(X.shape)} and C_prev {list(C_prev.shape)} differ in leading dims")
+        d = d if d >= 0 else (width // 4 if width >= 0 else -1)
+        info = VarInfo((*lead, d), C_prev.dtype)
+        return info, info
+
+    def forward(X, C_prev, forget_bias):
+        i, f, o, g = _gates(X, forget_bias)
+        c = C_prev * f
+        c += i * g
+        h = np.tanh(c)
+        h *= o
+        return c, h
+
+    def backward(X, C_prev, C, H, C_grad, H_grad, forget_bias, needs=(True, True)):
+        i, f, o, g = _gates(X, forget_bias)
+        tanh_c = np.tanh(C)
+        # The gradient reaching C: its own, plus H's through tanh(C) * o.
+        if H_grad is not None:
+            dc = H_grad * o
+            dc *= 1 - tanh_c * tanh_c
+            if C_grad is not None:
+                dc += C_grad
+        else:
+            dc = np.array(C_grad, copy=True) if C_grad is not None else np.zeros_like(C)
+        dx = dprev = None
+        if needs[0]:
+            dx = np.empty_like(X)
+            d = C.shape[-1]
+            np.multiply(dc * g, i * (1 - i), out=dx[..., :d])
+            np.multiply(dc * C_prev, f * (1 - f), out=dx[..., d : 2 * d])
+            if H_grad is not None:
+                np.multiply(H_grad * tanh_c, o * (1 - o), out=dx[..., 2 * d : 3 * d])
+            else:
+                dx[..., 2 * d : 3 * d] = 0
+            np.multiply(dc * i, 1 - g * g, out=dx[..., 3 * d :])
+        if needs[1]:
+            dprev = dc * f
+        return dx, dprev
+
+
+def _gru_gates(X, HiddenProj, Bias):
+    """r, z, the candidate n and the hidden part of its pre-activation (W_hn h + b_hn)."""
+    d = X.shape[-1] // 3
+    hidden = HiddenProj if Bias is None else HiddenProj + Bias
+    rz = X[..., : 2 * d] + hidden[..., : 2 * d]
+    rz = _sigmoid(rz)
+    r, z = rz[..., :d], rz[..., d:]
+    hn = hidden[..., 2 * d :]
+    n = np.tanh(X[..., 2 * d :] + r * hn)
+    return r, z, n, hn
+
+
+@register_op
+class gru_cell:
+    """Hidden = (1 - z) * n + z * HiddenPrev: one GRU step as PyTorch's nn.GRU/GRUCell compute
+    it (the reset gate applied after the hidden product, unlike Fluid's gru_unit), with
+    r = sigmoid(X_r + P_r), z = sigmoid(X_z + P_z), n = tanh(X_n + r * P_n), where X [..., 3D]
+    holds the input's projections [r, z, n] (with their bias) and P = HiddenProj + Bias the
+    hidden state's (HiddenProj = HiddenPrev @ W_hh^T, Bias [3D] = b_hh, optional)."""
+
+    inputs, outputs = ("X", "HiddenProj", "HiddenPrev", "Bias?"), ("Hidden",)
+
+    def infer(X, HiddenProj, HiddenPrev, Bias):
+        infos = [X, HiddenProj, HiddenPrev] + ([Bias] if Bias is not None else [])
+        if not is_floating(X.dtype) or any(i.dtype != X.dtype for i in infos):
+            raise DTypeError(
+                f"X, HiddenProj, HiddenPrev and Bias must be one floating-point dtype, got "
+                f"{[i.dtype for i in infos]}"
+            )
+        d = HiddenPrev.shape[-1] if HiddenPrev.ndim else -1
+        for slot, info in (("X", X), ("HiddenProj", HiddenProj)):
+            if info.ndim != HiddenPrev.ndim or info.ndim < 1:
+                fail(
+                    f"{slot} {list(info.shape)} and HiddenPrev {list(HiddenPrev.shape)} differ in rank"
+                )
+            if d >= 0 and info.shape[-1] >= 0 and info.shape[-1] != 3 * d:
+                fail(
+                    f"{slot} {list(info.shape)} must have 3 * {d} columns (3 gates of "
+                    f"HiddenPrev {list(HiddenPrev.shape)})"
+                )
+        if Bias is not None and Bias.shape not in ((3 * d,), (-1,)) and d >= 0:
+            fail(f"Bias {list(Bias.shape)} must be [{3 * d}]")
+        return HiddenPrev
+
+    def forward(X, HiddenProj, HiddenPrev, Bias):
+        _r, z, n, _hn = _gru_gates(X, HiddenProj, Bias)
+        out = HiddenPrev - n
+        out *= z
+        out += n
+        return out
+
+    def backward(X, HiddenProj, HiddenPrev, Bias, Hidden, Hidden_grad, needs=(True,) * 4):
+        r, z, n, hn = _gru_gates(X, HiddenProj, Bias)
+        d = n.shape[-1]
+        dx = np.empty_like(X)
+        dn = dx[..., 2 * d :]  # d(pre-activation of n) = dX_n
+        np.multiply(Hidden_grad * (1 - z), 1 - n * n, out=dn)
+        np.multiply(Hidden_grad * (HiddenPrev - n), z * (1 - z), out=dx[..., d : 2 * d])
+        np.multiply(dn * hn, r * (1 - r), out=dx[..., :d])
+        dproj = None
+        if needs[1] or needs[3]:
+            dproj = dx.copy()
+            dproj[..., 2 * d :] *= r
+        dprev = Hidden_grad * z if needs[2] else None
+        dbias = None
+        if needs[3] and Bias is not None:
+            dbias = dproj.reshape(-1, 3 * d).sum(axis=0).reshape(Bias.shape)
+        return (dx if needs[0] else None), (dproj if needs[1] else None), dprev, dbias
