@@ -208,7 +208,14 @@ def inference_program(program: Program, feeds: list[str], fetches: list[str]) ->
         outs = [n for n in block.ops[index].output_names() if n]
         if outs and all(n in fed for n in outs):
             block.remove_op(index)
-    return prune(copy, fetches).clone(for_test=True)
+    small = prune(copy, fetches).clone(for_test=True)
+    # A copy infers its variables' shapes again from its ops: a fed variable that an op wrote
+    # (the seeds' minibatch) keeps the shape the user declared, not that op's.
+    for name in feeds:
+        var = small.global_block().find_var(name, recursive=False)
+        if var is not None:
+            var.shape = glob.var(name).shape
+    return small
 
 
 class ModelBuilder:
@@ -304,6 +311,7 @@ class ModelBuilder:
         from nestflow.onnx.exporters.graph import Value, onnx_dtype
 
         glob = self.program.global_block()
+        self.names.reserved = set(fetches) - set(feeds)
         for name in feeds:
             var = glob.var(name)
             dims = [
@@ -365,7 +373,11 @@ def _name_outputs(builder: ModelBuilder, fetches: list[str], values: list[Any]) 
         if value.name == fetch:
             names.append(fetch)
             continue
-        target = fetch if fetch not in builder.names.used else builder.names.fresh(fetch)
+        if fetch in builder.names.reserved:
+            builder.names.reserved.discard(fetch)
+            target = fetch
+        else:  # a fed variable written again: its name is the graph input's
+            target = builder.names.fresh(fetch)
         builder.names.used.add(target)
         if value.name in produced and value.name not in renames:
             renames[value.name] = target

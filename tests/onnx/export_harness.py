@@ -75,7 +75,10 @@ def roundtrip(
     model = build_model(program, list(feeds), names, scope, opset)
     check_model(model)
     sess = session(model)
-    assert [o.name for o in sess.get_outputs()] == names
+    outputs = [o.name for o in sess.get_outputs()]
+    for output, name in zip(outputs, names):
+        # a fed variable that ops write again cannot give its name to the output as well
+        assert output == name or (name in feeds and output.startswith(name)), (outputs, names)
     for feed in (feeds, *runs):
         got = sess.run(None, feed)
         want = nestflow_run(program, scope, feed, names)

@@ -77,13 +77,14 @@ class Env:
 class Names:
     """Unique ONNX names: `fresh(base)` gives `base` the first time, then `base_1`, ..."""
 
-    def __init__(self):
+    def __init__(self, reserved: set[str] | None = None):
         self.used: set[str] = set()
+        self.reserved = set(reserved or ())  # kept for the graph outputs (fetch names)
         self.counts: dict[str, int] = {}
 
     def fresh(self, base: str) -> str:
         name = base
-        while name in self.used:
+        while name in self.used or name in self.reserved:
             self.counts[base] = self.counts.get(base, 0) + 1
             name = f"{base}_{self.counts[base]}"
         self.used.add(name)
