@@ -5,6 +5,8 @@ from nestflow.layers.cond import *  # noqa: F403
 from nestflow.layers.cond import __all__ as _cond_all
 from nestflow.layers.control_flow import *  # noqa: F403
 from nestflow.layers.control_flow import __all__ as _control_flow_all
+from nestflow.layers.decode import *  # noqa: F403
+from nestflow.layers.decode import __all__ as _decode_all
 from nestflow.layers.initializer import ParamAttr
 from nestflow.layers.learning_rate_scheduler import *  # noqa: F403
 from nestflow.layers.learning_rate_scheduler import __all__ as _lr_all
@@ -17,10 +19,6 @@ from nestflow.layers.nn import __all__ as _nn_all
 from nestflow.layers.norm import *  # noqa: F403
 from nestflow.layers.norm import __all__ as _norm_all
 from nestflow.layers.rnn import RNN
-from nestflow.layers.rnn_cells import *  # noqa: F403
-from nestflow.layers.rnn_cells import __all__ as _rnn_cells_all
-from nestflow.layers.sequence import *  # noqa: F403
-from nestflow.layers.sequence import __all__ as _sequence_all
 from nestflow.layers.tensor import *  # noqa: F403
 from nestflow.layers.tensor import __all__ as _tensor_all
 from nestflow.layers.vision import *  # noqa: F403
@@ -40,9 +38,8 @@ __all__ = [
     *_loss_all,
     *_tensor_all,
     *_lr_all,
-    *_rnn_cells_all,
-    *_sequence_all,
     *_cond_all,
+    *_decode_all,
 ]
 
 

@@ -7,6 +7,7 @@ from nestflow.ops import (  # noqa: F401  (registers the ops)
     conditional_block,
     constant,
     debug,
+    decode,
     ifelse,
     indexing,
     logic,
@@ -17,9 +18,7 @@ from nestflow.ops import (  # noqa: F401  (registers the ops)
     optimizer,
     recurrent,
     reduce,
-    rnn_unit,
     schedule,
-    sequence,
     tensor,
     while_loop,
 )

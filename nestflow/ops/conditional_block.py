@@ -5,7 +5,8 @@ picked by an integer mask), which `nf.layers.cond` merges its two branches with.
 `conditional_block` runs its sub-block in a kid scope of the scope it runs in, as the `block`
 op does: outer variables (slot "Input") are read through the frame and scope chain, the values
 the block makes for the outside (attr `outs`, names inside the block) become "Out", and the
-kid scope is kept in "Scope" for `conditional_block_grad`. When the condition does not hold
+kid scope is kept in "Scope" for `conditional_block_grad` (the run and the gradient are the
+`block` op's, used as they are). When the condition does not hold
 nothing runs: "Out" holds nothing (None) and "Scope" an empty list, and the gradient op gives
 zero gradients to every input.
 
@@ -26,7 +27,8 @@ import numpy as np
 
 from nestflow.errors import AttrError, ControlFlowError, DTypeError, ShapeError
 from nestflow.framework.program import GRAD_SUFFIX, Block, OpDesc
-from nestflow.ops.ifelse import grad_value, set_grads, store_step
+from nestflow.ops.block import block, block_grad
+from nestflow.ops.ifelse import set_grads
 from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
 
 
@@ -107,77 +109,55 @@ class conditional_block:
         if not condition_holds(ctx.op, ctx.inputs("Cond"), attrs["is_scalar_condition"]):
             ctx.set_outputs("Out", [None] * len(attrs["outs"]))
             ctx.set_output("Scope", [])
-            return
-        scope = ctx.scope.new_scope()
-        frame = ctx.run_block(attrs["sub_block"], scope, {})
-        store_step(frame, scope, {})
-        ctx.set_outputs("Out", [frame.lookup(name) for name in attrs["outs"]])
-        ctx.set_output("Scope", [scope])  # (the kid scope goes with the run's scope)
+        else:
+            block.run(ctx)  # the block op's run: same attrs, same outputs
 
     def grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
-        outs, inner_outs = op.output("Out"), op.attrs["outs"]
-        out_grads = [ctx.grad_of(n) for n in outs]
-        if all(g is None for g in out_grads):
+        # The gradient is the block op's, run only when the block ran.
+        specs = block.grad_maker(_AsBlockOp(op), ctx)
+        if not specs:
             return []
-        names = op.input("Input")
-        grads = [ctx.grad_of(n) for n in names]
-        wanted = [n for n, g in zip(names, grads) if g]
-        if not wanted:
-            return []
-        if not [n for n in op.output("Scope") if n]:
-            raise ControlFlowError(
-                f"conditional_block writing {outs}: gradients are wanted through it, but it "
-                f"has no 'Scope' output to keep its kid scope for conditional_block_grad"
-            )
-        seeds = {inner: inner + GRAD_SUFFIX for inner, g in zip(inner_outs, out_grads) if g}
-        grad_block, got = ctx.backward_block(op.attrs["sub_block"], seeds, wanted)
-        attrs = {
-            "sub_block": grad_block,
-            "is_scalar_condition": op.attrs["is_scalar_condition"],
-            "seeds": [seeds[n] if g else "" for n, g in zip(inner_outs, out_grads)],
-            "input_grads": [got.get(n, "") if g else "" for n, g in zip(names, grads)],
-        }
-        inputs = {
-            "Cond": op.input("Cond"),
-            "Input": names,
-            "Out": outs,
-            "Out" + GRAD_SUFFIX: [g or "" for g in out_grads],
-            "Scope": op.output("Scope"),
-        }
-        outputs = {"Input" + GRAD_SUFFIX: [g or "" for g in grads]}
+        (spec,) = specs
+        inputs = {"Cond": op.input("Cond"), "Input": spec.inputs.pop("X"), **spec.inputs}
+        outputs = {"Input" + GRAD_SUFFIX: spec.outputs["X" + GRAD_SUFFIX]}
+        attrs = {**spec.attrs, "is_scalar_condition": op.attrs["is_scalar_condition"]}
         return [GradOpSpec("conditional_block_grad", inputs, outputs, attrs)]
+
+
+class _AsBlockOp:
+    """A conditional_block op as the `block` op whose gradient it shares (slot Input is X)."""
+
+    def __init__(self, op: OpDesc):
+        self.op, self.attrs = op, op.attrs
+
+    def input(self, slot: str) -> list[str]:
+        return self.op.input("Input" if slot == "X" else slot)
+
+    def output(self, slot: str) -> list[str]:
+        return self.op.output(slot)
 
 
 @register_op
 class conditional_block_grad:
-    """When the block ran (its kept Scope list is not empty): runs the block's gradient ops in
-    the kept kid scope, seeded with the output gradients (zeros for an output no gradient
-    reached), and gives the inputs' gradients; when it did not run, zeros."""
+    """When the block ran (its kept Scope list is not empty), `block_grad`: the block's
+    gradient ops run in the kept kid scope, seeded with the output gradients, give the inputs'
+    gradients; when it did not run, zeros."""
 
     inputs = ("Cond*", "Input*", "Out*", "Out@GRAD*", "Scope")
     outputs = ("Input@GRAD*",)
-    attrs = {"sub_block": None, "is_scalar_condition": False, "seeds": [], "input_grads": []}
+    attrs = {"grad_block": None, "seeds": [], "x_grads": [], "is_scalar_condition": False}
 
     def infer_op(op: OpDesc) -> None:
-        _block_attr(op, "sub_block")
+        _block_attr(op, "grad_block")
 
     def run(ctx):
-        attrs = ctx.attrs
         inputs = ctx.inputs("Input")
-        scopes = ctx.input("Scope") or []
-        if not scopes:
+        if not ctx.input("Scope"):
             set_grads(ctx, "Input" + GRAD_SUFFIX, [None] * len(inputs), inputs)
             return
-        values: dict[str, Any] = {}
-        outs, out_grads = ctx.inputs("Out"), ctx.inputs("Out" + GRAD_SUFFIX)
-        for seed, out, grad in zip(attrs["seeds"], outs, out_grads):
-            if not seed:
-                continue
-            part = np.zeros_like(out) if grad is None else grad
-            values[seed] = values[seed] + part if seed in values else part
-        frame = ctx.run_block(attrs["sub_block"], scopes[0], values)
-        grads = [grad_value(frame, values, name) for name in attrs["input_grads"]]
-        set_grads(ctx, "Input" + GRAD_SUFFIX, grads, inputs)
+        in_slots = {("X" if k == "Input" else k): v for k, v in ctx.in_slots.items()}
+        out_slots = {"X" + GRAD_SUFFIX: ctx.out_slots.get("Input" + GRAD_SUFFIX, [])}
+        block_grad.run(type(ctx)(ctx.op, ctx.op_def, ctx.attrs, ctx.frame, in_slots, out_slots))
 
 
 # ---- select_input / select_output ----
