@@ -19,6 +19,10 @@ from nestflow.layers.nn import __all__ as _nn_all
 from nestflow.layers.norm import *  # noqa: F403
 from nestflow.layers.norm import __all__ as _norm_all
 from nestflow.layers.rnn import RNN
+from nestflow.layers.rnn_cells import *  # noqa: F403
+from nestflow.layers.rnn_cells import __all__ as _rnn_cells_all
+from nestflow.layers.sequence import *  # noqa: F403
+from nestflow.layers.sequence import __all__ as _sequence_all
 from nestflow.layers.tensor import *  # noqa: F403
 from nestflow.layers.tensor import __all__ as _tensor_all
 from nestflow.layers.vision import *  # noqa: F403
@@ -38,6 +42,8 @@ __all__ = [
     *_loss_all,
     *_tensor_all,
     *_lr_all,
+    *_rnn_cells_all,
+    *_sequence_all,
     *_cond_all,
     *_decode_all,
 ]

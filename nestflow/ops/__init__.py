@@ -18,7 +18,9 @@ from nestflow.ops import (  # noqa: F401  (registers the ops)
     optimizer,
     recurrent,
     reduce,
+    rnn_unit,
     schedule,
+    sequence,
     tensor,
     while_loop,
 )
