@@ -1,4 +1,5 @@
-"""`nestflow demo [--model mlp|rnn|conv] [--epochs N] [--out DIR]` and `nestflow show DIR`."""
+"""`nestflow demo [--model mlp|rnn|conv] [--epochs N] [--out DIR]`, `nestflow show DIR` and
+`nestflow export MODEL_DIR OUT.onnx [--opset N]`."""
 
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     show = commands.add_parser("show", help="print the program listing of a saved model")
     show.add_argument("path", help="a directory written by save_inference_model, or a .pb file")
+    export = commands.add_parser(
+        "export", help="write a saved inference model as an ONNX model (needs nestflow[onnx])"
+    )
+    export.add_argument("model_dir", help="a directory written by save_inference_model")
+    export.add_argument("out", help="the .onnx file to write")
+    export.add_argument("--opset", type=int, default=17, help="the ONNX opset (default 17)")
     return parser
 
 
@@ -43,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
+        if args.command == "export":
+            return _export(args)
         return _show(args.path)
     except NestflowError as exc:
         print(f"nestflow: error: {exc}", file=sys.stderr)
@@ -62,6 +71,20 @@ def _demo(args: argparse.Namespace) -> int:
     if args.min_accuracy is None:
         args.min_accuracy = getattr(module, "MIN_ACCURACY", 0.97)
     return module.run(args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    try:
+        from nestflow.onnx.exporter import export_inference_model
+
+        model = export_inference_model(args.model_dir, args.out, args.opset)
+    except ModuleNotFoundError as exc:
+        print(f"nestflow: {exc}", file=sys.stderr)
+        return 1
+    inputs = ", ".join(i.name for i in model.graph.input)
+    outputs = ", ".join(o.name for o in model.graph.output)
+    print(f"wrote {args.out} (ONNX opset {args.opset}; inputs {inputs}; outputs {outputs})")
+    return 0
 
 
 def _show(path: str) -> int:

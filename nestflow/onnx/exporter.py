@@ -149,7 +149,7 @@ def export_inference_model(
 def _require_onnx():
     try:
         import onnx
-    except ModuleNotFoundError:
+    except ImportError:
         raise ModuleNotFoundError(
             "nf.onnx needs the onnx package (and onnxruntime to run the models): "
             "pip install 'nestflow[onnx]'"

@@ -749,6 +749,31 @@ CASES = [
     OpExport("select_output", {"X": X2, "Mask": Param(np.array([1], "int32"))}, outputs={"Out": 2}),
 ]
 
+
+def _schedules(step: int) -> list[OpExport]:
+    at = {"Step": Param(np.array([step], "int64"))}
+    rate = {**at, "LearningRate": Param(np.array([0.3], "float32"))}
+    decay = {"decay_steps": 4.0, "decay_rate": 0.5}
+    cases = [
+        ("exponential_decay", at, {**decay, "learning_rate": 0.1}),
+        ("exponential_decay", at, {**decay, "staircase": True}),
+        ("natural_exp_decay", rate, decay),
+        ("inverse_time_decay", at, {**decay, "staircase": True, "dtype": "float64"}),
+        ("polynomial_decay", at, {"decay_steps": 10.0, "power": 2.0, "learning_rate": 0.5}),
+        ("polynomial_decay", rate, {"decay_steps": 4.0, "cycle": True}),
+        ("piecewise_decay", at, {"boundaries": [3, 10], "values": [1.0, 0.5, 0.1]}),
+        ("cosine_decay", at, {"step_each_epoch": 2.0, "epochs": 20.0}),
+        ("noam_decay", at, {"d_model": 16.0, "warmup_steps": 5.0}),
+        ("linear_lr_warmup", rate, {"warmup_steps": 10.0, "start_lr": 0.0, "end_lr": 0.2}),
+    ]
+    return [
+        OpExport(op, inputs, attrs, batches=(1,), id=f"{op}-{i}-step{step}")
+        for i, (op, inputs, attrs) in enumerate(cases)
+    ]
+
+
+CASES += [case for step in (0, 3, 10, 25) for case in _schedules(step)]
+
 OPSET_SAMPLE = [
     "reduce_sum-dim1",
     "reduce_max-last",
@@ -772,3 +797,30 @@ def test_op_exports_and_matches_nestflow(case):
 @pytest.mark.parametrize("case", [c for c in CASES if case_id(c) in OPSET_SAMPLE], ids=case_id)
 def test_op_exports_under_other_opsets(case, opset):
     replace(case, opset=opset, batches=BATCHES[:2]).check()
+
+
+# exported by the round trips of test_export_control_flow.py and test_export.py
+CONTROL_FLOW = {
+    "ifelse",
+    "recurrent",
+    "while",
+    "conditional_block",
+    "select_input",
+    "block",
+    "create_array",
+    "array_write",
+    "array_read",
+    "array_length",
+    "array_to_tensor",
+}
+
+
+def test_every_mapper_is_exercised_and_the_exclusions_are_real_ops():
+    from nestflow.onnx.exporter import NOT_EXPORTED
+    from nestflow.onnx.exporters import MAPPERS
+    from nestflow.ops.registry import has_op
+
+    covered = {case.op_type for case in CASES} | CONTROL_FLOW
+    assert set(MAPPERS) - covered == set()
+    assert covered - set(MAPPERS) == set()
+    assert all(has_op(op) and op not in MAPPERS for op in NOT_EXPORTED)

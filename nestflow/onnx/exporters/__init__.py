@@ -11,6 +11,7 @@ from nestflow.onnx.exporters import (  # noqa: F401  (registers the mappers)
     nn,
     norm,
     reduce,
+    schedule,
     sequence,
     tensor,
 )
