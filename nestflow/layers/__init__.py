@@ -21,6 +21,8 @@ from nestflow.layers.norm import __all__ as _norm_all
 from nestflow.layers.rnn import RNN
 from nestflow.layers.rnn_cells import *  # noqa: F403
 from nestflow.layers.rnn_cells import __all__ as _rnn_cells_all
+from nestflow.layers.rnn_layers import *  # noqa: F403
+from nestflow.layers.rnn_layers import __all__ as _rnn_layers_all
 from nestflow.layers.sequence import *  # noqa: F403
 from nestflow.layers.sequence import __all__ as _sequence_all
 from nestflow.layers.tensor import *  # noqa: F403
@@ -43,6 +45,7 @@ __all__ = [
     *_tensor_all,
     *_lr_all,
     *_rnn_cells_all,
+    *_rnn_layers_all,
     *_sequence_all,
     *_cond_all,
     *_decode_all,
