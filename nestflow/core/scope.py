@@ -261,16 +261,19 @@ class Scope:
             kid._destroy()
 
     def _destroy(self) -> None:
-        with self._lock:
-            kids, self._kids = self._kids, []
-            variables, self._vars = self._vars, {}
-            self._held = None
-            self._alive = False
-        for kid in kids:
-            kid._destroy()
-        for variable in variables.values():
-            variable._destroy()
-        _live_scopes.discard(self)
+        # A worklist, not recursion: scopes nest as deep as the program's blocks do.
+        pending = [self]
+        while pending:
+            scope = pending.pop()
+            with scope._lock:
+                kids, scope._kids = scope._kids, []
+                variables, scope._vars = scope._vars, {}
+                scope._held = None
+                scope._alive = False
+            pending.extend(kids)
+            for variable in variables.values():
+                variable._destroy()
+            _live_scopes.discard(scope)
 
     def __repr__(self) -> str:
         if not self._alive:

@@ -4,7 +4,8 @@
 every op on a path from a variable needing a gradient to the loss it asks the op's grad maker
 (`get_op_def(op.type).grad_maker(op, ctx)`) for gradient ops and appends them. Control-flow
 ops build their sub-block's gradient block through `ctx.backward_block`, which runs the same
-walk (`_GradBuilder.walk`) over the sub-block, recursively for nested control flow.
+walk (`_GradBuilder.walk`) over the sub-block, recursively for nested control flow (with room
+on the stack for the program's deepest nesting: nesting.stack_room).
 
 Naming convention:
 - In the block being differentiated by `append_backward` / `gradients`, the gradient of `x`
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from nestflow.errors import NestflowError
+from nestflow.framework.nesting import nesting_depth, stack_room
 from nestflow.framework.program import (
     GRAD_SUFFIX,
     Block,
@@ -319,7 +321,8 @@ def append_backward(
         written.update(op.output_names())
     seed = _seed_ones(block, loss)
     builder = _GradBuilder(block, block, no_grad, user_no_grad)
-    got = builder.walk(ops, {loss.name: seed}, leaves + sorted(listed))
+    with stack_room(nesting_depth(program, block), f"block {block.idx}"):
+        got = builder.walk(ops, {loss.name: seed}, leaves + sorted(listed))
     return [(p, block.find_var(got[p.name])) for p in params if p.name in got]
 
 
@@ -346,7 +349,8 @@ def gradients(
     for target, grad in zip(targets, given):
         seeds[target.name] = grad.name if grad is not None else _seed_ones(block, target)
     builder = _GradBuilder(block, block, no_grad, user_no_grad)
-    got = builder.walk(ops, seeds, wanted)
+    with stack_room(nesting_depth(block.program, block), f"block {block.idx}"):
+        got = builder.walk(ops, seeds, wanted)
     return [block.find_var(got[n]) if n in got else None for n in wanted]
 
 

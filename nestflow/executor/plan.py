@@ -439,8 +439,12 @@ def _names_in_sub_blocks(ops) -> set[str]:
     """Every variable name an op inside a sub-block (at any depth) reads or writes."""
     names: set[str] = set()
     pending = [b for op in ops for b in op.sub_blocks()]
+    seen: set[int] = set()  # each block once (a block may be reached from several ops)
     while pending:
         block = pending.pop()
+        if block.idx in seen:
+            continue
+        seen.add(block.idx)
         for op in block.ops:
             names.update(n for n in op.input_names() + op.output_names() if n)
             pending.extend(op.sub_blocks())

@@ -12,9 +12,10 @@ only what is used.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 
-from nestflow.errors import NestflowError
+from nestflow.errors import NestflowError, TypeMismatchError
 from nestflow.framework.program import Block, OpDesc, Program, VarDesc
 from nestflow.ops.registry import get_op_def, has_op
 
@@ -23,8 +24,11 @@ def prune(program: Program, targets: Sequence[VarDesc | str] | VarDesc | str) ->
     """A new program holding only the ops (in their original order) and the variables that
     computing `targets` needs; `program` is not changed.
 
-    Raises NestflowError when a target is not a variable of the program's global block.
+    Raises NestflowError when a target is not a variable of the program's global block,
+    TypeMismatchError when `program` is not a Program or a target not a variable or name.
     """
+    if not isinstance(program, Program):
+        raise TypeMismatchError(f"prune expects a nestflow Program, got {type(program).__name__}")
     names = target_names(targets)
     small = Program.from_desc(program.to_desc())
     glob = small.global_block()
@@ -35,7 +39,17 @@ def prune(program: Program, targets: Sequence[VarDesc | str] | VarDesc | str) ->
             )
     exports = _block_exports(small)
     kept_blocks: set[int] = set()
-    _prune_block(glob, set(names), exports, kept_blocks)
+    # Each block's walk hands back the sub-blocks of the ops it keeps, to be pruned right away
+    # (before it goes on): what a recursion would do, at any nesting depth.
+    accesses: _Accesses = {}
+    walks = [_prune_block(glob, set(names), exports, kept_blocks, accesses)]
+    while walks:
+        sub = next(walks[-1], None)
+        if sub is None:
+            walks.pop()
+        elif sub.idx not in kept_blocks:
+            needed = set(exports[sub.idx])
+            walks.append(_prune_block(sub, needed, exports, kept_blocks, accesses))
     for block in small.blocks:
         if block.idx not in kept_blocks:
             # Block indices are referenced by attrs, so an unreachable block stays as an empty
@@ -48,9 +62,23 @@ def prune(program: Program, targets: Sequence[VarDesc | str] | VarDesc | str) ->
 
 
 def target_names(targets: Sequence[VarDesc | str] | VarDesc | str) -> list[str]:
+    """The names of `targets` (a variable, a name, or a sequence of them); TypeMismatchError
+    for anything else."""
     if isinstance(targets, (VarDesc, str)):
         targets = [targets]
-    return [t.name if isinstance(t, VarDesc) else str(t) for t in targets]
+    if not isinstance(targets, (list, tuple)):
+        raise TypeMismatchError(
+            f"targets must be a variable, a name or a list of them, got "
+            f"{type(targets).__name__} ({targets!r})"
+        )
+    names = []
+    for target in targets:
+        if not isinstance(target, (VarDesc, str)):
+            raise TypeMismatchError(
+                f"a target must be a variable or a name, got {type(target).__name__} ({target!r})"
+            )
+        names.append(target.name if isinstance(target, VarDesc) else target)
+    return names
 
 
 _cache: weakref.WeakKeyDictionary[Program, tuple[int, dict[tuple[str, ...], Program]]] = (
@@ -72,29 +100,40 @@ def prune_cached(program: Program, targets: Sequence[VarDesc | str] | VarDesc | 
     return small
 
 
+# block idx -> the names the block (with the blocks nested in it) reads and writes from outside
+_Accesses = dict[int, tuple[set[str], set[str]]]
+
+
 def _prune_block(
-    block: Block, needed: set[str], exports: dict[int, set[str]], kept_blocks: set[int]
-) -> None:
+    block: Block,
+    needed: set[str],
+    exports: dict[int, set[str]],
+    kept_blocks: set[int],
+    accesses: _Accesses,
+) -> Iterator[Block]:
+    """Keep the ops of `block` that compute `needed`; yields the sub-blocks of each kept op,
+    which the caller prunes before resuming the walk. `accesses` remembers _outer_accesses
+    of blocks not pruned yet (an entry goes when its block changes)."""
     kept_blocks.add(block.idx)
     keep: list[OpDesc] = []
     for op in reversed(block.ops):
-        reads, writes = _op_reads_writes(op)
+        reads, writes = _op_reads_writes(op, accesses)
         if not (writes & needed):
             continue
         if _drop_unneeded_outputs(op, needed):
+            accesses.pop(block.idx, None)
             fresh = _block_exports(block.program)  # its sub-blocks now export less
             for sub in op.sub_blocks():
                 exports[sub.idx] = fresh[sub.idx]
-            reads, writes = _op_reads_writes(op)
+            reads, writes = _op_reads_writes(op, accesses)
         keep.append(op)
         # Ops that read what they write (in-place updates) still need the earlier writer.
         needed -= writes - reads
         needed |= reads
-        for sub in op.sub_blocks():
-            if sub.idx not in kept_blocks:
-                _prune_block(sub, set(exports[sub.idx]), exports, kept_blocks)
+        yield from op.sub_blocks()
     keep.reverse()
     block.ops[:] = keep
+    accesses.pop(block.idx, None)
 
 
 def _drop_unneeded_outputs(op: OpDesc, needed: set[str]) -> bool:
@@ -116,27 +155,45 @@ def _drop_unneeded_outputs(op: OpDesc, needed: set[str]) -> bool:
     return changed
 
 
-def _op_reads_writes(op: OpDesc) -> tuple[set[str], set[str]]:
+def _op_reads_writes(op: OpDesc, accesses: _Accesses | None = None) -> tuple[set[str], set[str]]:
     """Names `op` reads and writes in its own block, counting its sub-blocks' outer accesses."""
     reads = {n for n in op.input_names() if n}
     writes = {n for n in op.output_names() if n}
+    accesses = {} if accesses is None else accesses
     for sub in op.sub_blocks():
-        sub_reads, sub_writes = _outer_accesses(sub)
+        sub_reads, sub_writes = _outer_accesses(sub, accesses)
         reads |= sub_reads
         writes |= sub_writes
     return reads, writes
 
 
-def _outer_accesses(block: Block) -> tuple[set[str], set[str]]:
-    """Names `block` (and blocks nested in it) reads and writes that it does not declare."""
-    reads: set[str] = set()
-    writes: set[str] = set()
-    for op in block.ops:
-        op_reads, op_writes = _op_reads_writes(op)
-        reads |= op_reads
-        writes |= op_writes
-    local = set(block.vars)
-    return reads - local, writes - local
+def _outer_accesses(block: Block, accesses: _Accesses) -> tuple[set[str], set[str]]:
+    """Names `block` (and blocks nested in it) reads and writes that it does not declare.
+
+    Innermost blocks first (a sub-block has a higher index than the block running it), each
+    from its ops' slots and its sub-blocks' outer accesses: no recursion, at any depth. Blocks
+    in `accesses` are taken from there; the others are added to it."""
+    nested: dict[int, Block] = {}
+    pending = [block]
+    while pending:
+        one = pending.pop()
+        if one.idx not in nested and one.idx not in accesses:
+            nested[one.idx] = one
+            pending.extend(sub for op in one.ops for sub in op.sub_blocks())
+    for idx in sorted(nested, reverse=True):
+        one = nested[idx]
+        reads: set[str] = set()
+        writes: set[str] = set()
+        for op in one.ops:
+            reads.update(n for n in op.input_names() if n)
+            writes.update(n for n in op.output_names() if n)
+            for sub in op.sub_blocks():
+                sub_reads, sub_writes = accesses.get(sub.idx, (set(), set()))
+                reads |= sub_reads
+                writes |= sub_writes
+        local = set(one.vars)
+        accesses[idx] = (reads - local, writes - local)
+    return accesses[block.idx]
 
 
 def _block_exports(program: Program) -> dict[int, set[str]]:
@@ -150,6 +207,7 @@ def _block_exports(program: Program) -> dict[int, set[str]]:
         for op in block.ops:
             for sub in op.sub_blocks():
                 owner.setdefault(sub.idx, op)
+    readers = Counter(n for reads in reads_in.values() for n in reads)  # blocks reading each
     exports: dict[int, set[str]] = {}
     for block in program.blocks:
         written = {n for op in block.ops for n in op.output_names() if n}
@@ -157,9 +215,8 @@ def _block_exports(program: Program) -> dict[int, set[str]]:
         op = owner.get(block.idx)
         if op is not None:
             wanted |= written & _mentioned_names(op)
-        for idx, reads in reads_in.items():
-            if idx != block.idx:
-                wanted |= written & reads
+        own = reads_in[block.idx]
+        wanted.update(n for n in written if readers[n] > (n in own))
         exports[block.idx] = wanted
     return exports
 

@@ -8,18 +8,23 @@ parent, so blocks nest like C++ scopes (seed 002). Python objects are the workin
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from nestflow.core.dtype import dtype_name
 from nestflow.errors import (
+    AttrError,
+    DTypeError,
     NestflowError,
     OpLocation,
     ProgramDecodeError,
+    ShapeError,
     TypeMismatchError,
     UnknownOpError,
 )
@@ -103,12 +108,14 @@ class VarDesc:
         is_sequence: bool = False,
         lengths_var: str = "",
     ):
+        if not isinstance(name, str) or not name:
+            raise TypeMismatchError(f"a variable name must be a non-empty str, got {name!r}")
         if type not in VAR_TYPES:
             raise NestflowError(f"variable '{name}': unknown type '{type}'")
         self.block = block
         self.name = name
-        self.shape = tuple(int(d) for d in shape)
-        self.dtype = dtype_name(dtype)
+        self.shape = _checked_shape(shape, f"variable '{name}'")
+        self.dtype = _tensor_dtype(dtype, f"variable '{name}'")
         self.type = type
         self.persistable = persistable
         self.stop_gradient = stop_gradient
@@ -154,6 +161,29 @@ class VarDesc:
     __hash__ = object.__hash__
 
 
+def _checked_shape(shape: Any, what: str) -> tuple[int, ...]:
+    """`shape` as a tuple of ints, each -1 (unknown) or >= 0; ShapeError naming `what`."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ShapeError(f"{what}: shape {shape!r} is not a sequence of ints") from None
+    if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in dims):
+        raise ShapeError(f"{what}: shape {list(dims)!r} must hold ints (-1: any size)")
+    dims = tuple(int(d) for d in dims)
+    if any(d < -1 for d in dims):
+        raise ShapeError(f"{what}: shape {list(dims)} has a negative dim other than -1")
+    return dims
+
+
+def _tensor_dtype(dtype: Any, what: str) -> str:
+    """The canonical name of a dtype a tensor may have (bool, integers, floats, complex);
+    DTypeError for others (structured 'i8,i8', object, strings, dates), which no kernel takes."""
+    name = dtype_name(dtype)
+    if np.dtype(name).kind not in "biufc":
+        raise DTypeError(f"{what}: dtype {dtype!r} ({name}) is not a numeric tensor dtype")
+    return name
+
+
 class _Attrs(dict):
     """An op's attributes. Any write marks the program changed, so executors prepare it again
     (a plan binds attribute values into its kernels)."""
@@ -162,11 +192,16 @@ class _Attrs(dict):
 
     def _changed(self) -> None:
         op = getattr(self, "_op", None)
+        if op is not None:
+            op._sub_blocks = None
         program = getattr(getattr(op, "block", None), "program", None)
         if program is not None:
             program._bump()
 
     def __setitem__(self, key, value):
+        op = getattr(self, "_op", None)
+        if op is not None and _blocks_in(value):
+            check_sub_block_refs(op, {key: value})
         super().__setitem__(key, value)
         self._changed()
 
@@ -214,6 +249,7 @@ class OpDesc:
         self.type = type
         self.inputs: dict[str, list[str]] = {k: list(v) for k, v in (inputs or {}).items()}
         self.outputs: dict[str, list[str]] = {k: list(v) for k, v in (outputs or {}).items()}
+        self._sub_blocks: list[Block] | None = None
         self.attrs = attrs or {}
         self.source = source
 
@@ -247,13 +283,32 @@ class OpDesc:
         self.attrs[name] = value  # marks the program changed
 
     def sub_blocks(self) -> list[Block]:
-        found = []
-        for value in self.attrs.values():
-            if isinstance(value, Block):
-                found.append(value)
-            elif isinstance(value, list) and value and all(isinstance(b, Block) for b in value):
-                found.extend(value)
-        return found
+        """The blocks the op's attributes refer to (remembered until an attribute changes:
+        walks over nested blocks ask for them often)."""
+        found = self._sub_blocks
+        if found is None:
+            found = []
+            for value in self.attrs.values():
+                if isinstance(value, Block):
+                    found.append(value)
+                elif isinstance(value, list) and value and all(isinstance(b, Block) for b in value):
+                    found.extend(value)
+            self._sub_blocks = found
+        return list(found)
+
+    def block_attr(self, name: str, optional: bool = False) -> Block | None:
+        """The sub-block held by attribute `name`; AttrError (naming the attribute and what it
+        holds) when it is not a Block, unless it is unset and `optional`. Control-flow ops
+        check their block attributes with it when appended or loaded."""
+        value = self.attrs.get(name)
+        if value is None and optional:
+            return None
+        if not isinstance(value, Block):
+            raise AttrError(
+                f"attribute '{name}' must be a sub-block (a Block of this program), got "
+                f"{type(value).__name__} ({value!r})"
+            )
+        return value
 
     @property
     def index(self) -> int:
@@ -351,6 +406,84 @@ def _attr_from_desc(attr: pb.Attr, program: Program) -> Any:
     return value
 
 
+def _blocks_in(value: Any) -> list[Any]:
+    """The Blocks an attribute value holds (a Block, or a list with Blocks in it)."""
+    if isinstance(value, Block):
+        return [value]
+    if isinstance(value, (list, tuple)) and any(isinstance(v, Block) for v in value):
+        return list(value)
+    return []
+
+
+def check_sub_block_refs(
+    op: OpDesc, attrs: Mapping[str, Any] | None = None, tree: _BlockTree | None = None
+) -> None:
+    """AttrError unless every block `op`'s attributes refer to is a block of the op's program
+    nested strictly inside the op's block: its parent chain reaches the op's block (or, in a
+    gradient block, the forward block it differentiates, whose names it reads). References
+    also go to higher block indices only, so no chain of them comes back to where it started:
+    running, pruning or differentiating the program always ends. `tree`: the program's block
+    tree, when many ops are checked at once."""
+    home = op.block
+    blocks = home.program.blocks
+    roots = [home.idx]
+    if 0 <= home.forward_block_idx < home.idx:
+        roots.append(home.forward_block_idx)
+    for name, value in (op.attrs if attrs is None else attrs).items():
+        for sub in _blocks_in(value):
+            if not isinstance(sub, Block):
+                raise AttrError(f"attribute '{name}' mixes blocks with {type(sub).__name__}s")
+            if not (0 <= sub.idx < len(blocks) and blocks[sub.idx] is sub):
+                raise AttrError(f"attribute '{name}' refers to a block of another program")
+            if tree is None:
+                nested = _parent_chain_reaches(sub, roots)
+            else:
+                nested = any(tree.nested_in(sub.idx, root) for root in roots)
+            if sub.idx <= home.idx or not nested:
+                raise AttrError(
+                    f"attribute '{name}' refers to block {sub.idx} (parent {sub.parent_idx}), "
+                    f"which is not nested in block {home.idx}: an op may only run a "
+                    f"sub-block of its own block, so that running it ends"
+                )
+
+
+def _parent_chain_reaches(block: Block, roots: list[int]) -> bool:
+    blocks = block.program.blocks
+    idx, steps = block.parent_idx, 0
+    while 0 <= idx < len(blocks) and steps < len(blocks):
+        if idx in roots:
+            return True
+        idx, steps = blocks[idx].parent_idx, steps + 1
+    return False
+
+
+class _BlockTree:
+    """Which block is nested in which, in constant time per question: the entry and exit times
+    of one walk over the tree of blocks (every parent_idx lower than its block's idx)."""
+
+    def __init__(self, blocks: list[Block]):
+        kids: list[list[int]] = [[] for _ in blocks]
+        for block in blocks[1:]:
+            kids[block.parent_idx].append(block.idx)
+        self.enter = [0] * len(blocks)
+        self.leave = [0] * len(blocks)
+        clock = 0
+        pending = [(0, False)]
+        while pending:
+            idx, done = pending.pop()
+            if done:
+                self.leave[idx] = clock
+            else:
+                self.enter[idx] = clock
+                pending.append((idx, True))
+                pending.extend((kid, False) for kid in reversed(kids[idx]))
+            clock += 1
+
+    def nested_in(self, idx: int, root: int) -> bool:
+        """Whether block `idx` lies strictly inside block `root`."""
+        return self.enter[root] < self.enter[idx] and self.leave[idx] < self.leave[root]
+
+
 # Set by nestflow.ops at import: checks an op against its registered definition and infers the
 # shapes and dtypes of its outputs. The framework layer cannot import ops (ops sit above it).
 OpValidator = Callable[[OpDesc], None]
@@ -376,6 +509,10 @@ class Block:
         self.forward_block_idx = -1
         self.vars: dict[str, VarDesc] = {}
         self.ops: list[OpDesc] = []
+        # find_var's answers from ancestor blocks, each valid while no block declares or
+        # removes a variable of its name (Program._declared): deep nests look up outer names
+        # often, and the walk up stops at the first ancestor that knows the answer.
+        self._found: dict[str, tuple[VarDesc, int]] = {}
 
     @property
     def parent(self) -> Block | None:
@@ -393,28 +530,57 @@ class Block:
 
     def find_var(self, name: str, recursive: bool = True) -> VarDesc | None:
         """The VarDesc `name` here, else (if recursive) in the nearest ancestor block; or None."""
-        block: Block | None = self
-        while block is not None:
+        found = self.vars.get(name)
+        if found is not None or not recursive:
+            return found
+        program = self.program
+        epoch = program._declared.get(name, 0)
+        blocks = program.blocks
+        block = self
+        while True:
+            known = block._found.get(name)  # what this block found above itself
+            if (
+                known is not None
+                and known[1] == epoch
+                and known[0].block.vars.get(name) is known[0]
+            ):
+                found = known[0]
+                break
+            idx = block.parent_idx
+            if not 0 <= idx < len(blocks):
+                return None
+            block = blocks[idx]
             found = block.vars.get(name)
-            if found is not None or not recursive:
-                return found
-            block = block.parent
-        return None
+            if found is not None:
+                break
+        self._found[name] = (found, epoch)
+        return found
 
     def create_var(
         self,
         name: str | None = None,
-        shape: Sequence[int] = (),
-        dtype: Any = "float32",
+        shape: Sequence[int] | None = None,
+        dtype: Any = None,
         **flags: Any,
     ) -> VarDesc:
-        """Declare a variable in this block (or return the existing one of that name)."""
+        """Declare a variable in this block (shape () and float32 unless given), or return the
+        existing one of that name. ShapeError if a `shape` or `dtype` given differs from the
+        existing variable's: the caller would otherwise compute with a variable it did not
+        describe (as `nf.data` refuses a second declaration)."""
         if name is None:
             name = unique_name.generate("tmp")
         existing = self.vars.get(name)
         if existing is not None:
+            what = f"block {self.idx} already has a variable '{name}' ({existing!r})"
+            if shape is not None and _checked_shape(shape, f"variable '{name}'") != existing.shape:
+                raise ShapeError(f"{what}; it cannot be declared again with shape {list(shape)}")
+            if dtype is not None and dtype_name(dtype) != existing.dtype:
+                raise ShapeError(f"{what}; it cannot be declared again as {dtype_name(dtype)}")
             return existing
-        var = self.vars[name] = VarDesc(self, name, shape, dtype, **flags)
+        shape = () if shape is None else shape
+        var = VarDesc(self, name, shape, "float32" if dtype is None else dtype, **flags)
+        self.vars[name] = var
+        self.program._declared_again(name)
         self.program._bump()
         return var
 
@@ -431,6 +597,7 @@ class Block:
 
     def remove_var(self, name: str) -> None:
         self.vars.pop(name, None)
+        self.program._declared_again(name)
         self.program._bump()
 
     def all_parameters(self) -> list[VarDesc]:
@@ -465,8 +632,14 @@ class Block:
         op = self._make_op(type, inputs, outputs, attrs, source)
         self.ops.insert(index, op)
         try:
+            check_sub_block_refs(op)
             if _op_validator is not None:
                 _op_validator(op)
+        except NestflowError as exc:
+            self.ops.remove(op)
+            if exc.location is not None:
+                raise
+            raise exc.__class__(exc.message, location=op.location()) from None
         except BaseException:
             self.ops.remove(op)
             raise
@@ -494,13 +667,35 @@ class Block:
 
 
 def _names(slots: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """Slot -> variable names; TypeMismatchError for a value that is neither a variable nor a
+    name (a NumPy array's printed text is no variable name)."""
     out: dict[str, list[str]] = {}
     for slot, value in (slots or {}).items():
         if value is None:
             continue
         items = value if isinstance(value, (list, tuple)) else [value]
-        out[slot] = [v.name if isinstance(v, VarDesc) else str(v) for v in items]
+        names = []
+        for v in items:
+            if isinstance(v, VarDesc):
+                names.append(v.name)
+            elif isinstance(v, str):
+                names.append(v)
+            else:
+                raise TypeMismatchError(
+                    f"slot '{slot}' takes variables (or their names), got {type(v).__name__} "
+                    f"{_short_repr(v)}"
+                )
+        out[slot] = names
     return out
+
+
+def _where(op: OpDesc) -> str:
+    return f"op '{op.type}' (#{op.index} in block {op.block.idx})"
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class Program:
@@ -509,8 +704,29 @@ class Program:
     def __init__(self):
         self.blocks: list[Block] = [Block(self, 0, -1)]
         self._current_idx = 0
-        self.random_seed = 0
+        self._random_seed = 0
         self._version = 0
+        self._declared: dict[str, int] = {}  # name -> declarations and removals of it
+
+    def _declared_again(self, name: str) -> None:
+        # A new declaration may shadow what find_var remembered for this name.
+        self._declared[name] = self._declared.get(name, 0) + 1
+
+    @property
+    def random_seed(self) -> int:
+        """The seed of the program's random ops (0: the global stream, `nf.seed`); an int in
+        [0, 2**63). Anything else is an AttrError when assigned."""
+        return self._random_seed
+
+    @random_seed.setter
+    def random_seed(self, seed: int) -> None:
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+            raise AttrError(
+                f"Program.random_seed must be an int, got {type(seed).__name__} ({seed!r})"
+            )
+        if not 0 <= seed < 2**63:
+            raise AttrError(f"Program.random_seed must lie in [0, 2**63), got {seed}")
+        self._random_seed = int(seed)
 
     def _bump(self) -> None:
         # Executors cache prepared plans per program; any edit invalidates them.
@@ -538,7 +754,12 @@ class Program:
     def create_block(self, parent_idx: int | None = None) -> Block:
         """Add a child block of the current block (or of `parent_idx`) and make it current."""
         parent = self._current_idx if parent_idx is None else parent_idx
-        block = Block(self, len(self.blocks), parent)
+        if not isinstance(parent, numbers.Integral) or not 0 <= parent < len(self.blocks):
+            raise NestflowError(
+                f"create_block: parent_idx {parent!r} is not a block of the program (it has "
+                f"{len(self.blocks)})"
+            )
+        block = Block(self, len(self.blocks), int(parent))
         self.blocks.append(block)
         self._current_idx = block.idx
         self._bump()
@@ -580,6 +801,11 @@ class Program:
 
     @classmethod
     def from_desc(cls, desc: pb.ProgramDesc) -> Program:
+        """The Program a ProgramDesc describes. Everything in it is checked before it is used:
+        block nesting, sub-block references (only to blocks nested in the referencing one, so
+        nothing can run itself), variables, attributes, and each op against its definition.
+        Anything wrong raises ProgramDecodeError naming the block, variable or op; an op type
+        no registered operator has raises UnknownOpError."""
         program = cls()
         if not desc.blocks:
             raise ProgramDecodeError("ProgramDesc has no blocks")
@@ -591,11 +817,19 @@ class Program:
                 raise ProgramDecodeError("block 0 must be the global block (parent_idx -1)")
             if i > 0 and not 0 <= bdesc.parent_idx < i:
                 raise ProgramDecodeError(f"block {i} has invalid parent_idx {bdesc.parent_idx}")
+            forward = bdesc.forward_block_idx
+            if i == 0 and forward == 0:
+                forward = -1  # the proto default of a desc written by another tool
+            if not -1 <= forward < i:
+                # A gradient block is made after the block it differentiates.
+                raise ProgramDecodeError(f"block {i} has invalid forward_block_idx {forward}")
             block = Block(program, i, bdesc.parent_idx)
-            block.forward_block_idx = bdesc.forward_block_idx
+            block.forward_block_idx = forward
             program.blocks.append(block)
         for bdesc, block in zip(desc.blocks, program.blocks):
             for vdesc in bdesc.vars:
+                if not vdesc.name and vdesc.type == pb.LOD_TENSOR:
+                    continue  # declared by earlier versions for a gradient nobody takes
                 try:
                     block.vars[vdesc.name] = VarDesc(
                         block,
@@ -612,13 +846,17 @@ class Program:
                     )
                 except NestflowError as exc:
                     raise ProgramDecodeError(
-                        f"variable '{vdesc.name}' of block {block.idx}: {exc.message}"
+                        f"variable {vdesc.name!r} of block {block.idx}: {exc.message}"
                     ) from None
-            for odesc in bdesc.ops:
-                try:
-                    attrs = {k: _attr_from_desc(v, program) for k, v in odesc.attrs.items()}
-                except NestflowError as exc:
-                    raise ProgramDecodeError(f"op '{odesc.type}': {exc.message}") from None
+            for index, odesc in enumerate(bdesc.ops):
+                where = f"op '{odesc.type}' (#{index} in block {block.idx})"
+                attrs = {}
+                for name, value in odesc.attrs.items():
+                    try:
+                        attrs[name] = _attr_from_desc(value, program)
+                    except NestflowError as exc:
+                        message = f"{where}: attribute '{name}': {exc.message}"
+                        raise ProgramDecodeError(message) from None
                 block.ops.append(
                     OpDesc(
                         block,
@@ -629,7 +867,18 @@ class Program:
                         odesc.source,
                     )
                 )
-        program.random_seed = desc.random_seed
+        try:
+            program.random_seed = desc.random_seed
+        except AttrError as exc:
+            raise ProgramDecodeError(exc.message) from None
+        # Every sub-block reference first: an op's own check may walk its sub-blocks.
+        tree = _BlockTree(program.blocks)
+        for block in program.blocks:
+            for op in block.ops:
+                try:
+                    check_sub_block_refs(op, tree=tree)
+                except AttrError as exc:
+                    raise ProgramDecodeError(f"{_where(op)}: {exc.message}") from None
         if _op_validator is not None:
             for block in program.blocks:
                 for op in block.ops:
@@ -639,6 +888,10 @@ class Program:
                         raise  # already names the op, its block and source line
                     except NestflowError as exc:
                         raise ProgramDecodeError(str(exc)) from None
+                    except Exception as exc:  # an op's checks met values no builder makes
+                        raise ProgramDecodeError(
+                            f"{_where(op)}: {type(exc).__name__}: {exc}"
+                        ) from None
         return program
 
     @classmethod
@@ -663,6 +916,13 @@ class Program:
                     if "is_test" in op.attrs:
                         op.attrs["is_test"] = True
         return copy
+
+    def to_dot(self, name: str = "program") -> str:
+        """Graphviz DOT text of the program: each sub-block a cluster nested inside the
+        control-flow op that runs it, parameters drawn apart from data (see framework/dot.py)."""
+        from nestflow.framework.dot import to_dot
+
+        return to_dot(self, name)
 
     def __str__(self) -> str:
         lines = []

@@ -23,6 +23,7 @@ control-flow op is appended to the enclosing block when the construct is complet
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,17 +35,46 @@ from nestflow.framework import unique_name
 from nestflow.framework.program import Block, VarDesc, default_main_program
 from nestflow.layers.helper import append_op, current_block, require_current_block
 
+# The ops the constructs of this module appended: each lists among its inputs every name its
+# sub-blocks read from outside them (and keeps doing so through _rename_reads), so a walk over
+# nested blocks need not enter their sub-blocks again.
+_inputs_cover_sub_blocks: weakref.WeakSet = weakref.WeakSet()
+
+
+def _nested_blocks(block: Block) -> list[Block]:
+    """`block` and every block nested in it that a walk must enter, innermost first (higher
+    indices first: a sub-block is made after the block that runs it)."""
+    found: dict[int, Block] = {}
+    pending = [block]
+    while pending:
+        one = pending.pop()
+        if one.idx not in found:
+            found[one.idx] = one
+            for op in one.ops:
+                if op not in _inputs_cover_sub_blocks:
+                    pending.extend(op.sub_blocks())
+    return [found[idx] for idx in sorted(found, reverse=True)]
+
 
 def _outer_reads(block: Block) -> list[str]:
-    """Names `block` (and blocks nested in it) reads but does not declare, in first-read order."""
-    names: list[str] = []
-    local = block.vars
-    for op in block.ops:
-        nested = [n for sub in op.sub_blocks() for n in _outer_reads(sub)]
-        for name in op.input_names() + nested:
-            if name and name not in local and name not in names:
-                names.append(name)
-    return names
+    """Names `block` (and blocks nested in it) reads but does not declare, in first-read order
+    (an op's own inputs, then what its sub-blocks read from outside them). Innermost blocks
+    are read first, so any depth of nesting takes no recursion, and the sub-blocks of an op
+    whose inputs already name what they read are not entered: building N nested constructs
+    costs N walks of one block, not N walks of the nest below."""
+    reads: dict[int, list[str]] = {}
+    for one in _nested_blocks(block):
+        names: dict[str, None] = {}
+        local = one.vars
+        for op in one.ops:
+            nested = []
+            if op not in _inputs_cover_sub_blocks:
+                nested = [n for sub in op.sub_blocks() for n in reads.get(sub.idx, ())]
+            for name in op.input_names() + nested:
+                if name and name not in local:
+                    names.setdefault(name)
+        reads[one.idx] = list(names)
+    return reads[block.idx]
 
 
 def _outer_writes(block: Block) -> list[str]:
@@ -243,7 +273,7 @@ class IfElse:
         scopes = self._parent.create_var(
             unique_name.generate(f"{self._name}.scopes"), type="step_scopes", stop_gradient=True
         )
-        self._parent.append_op(
+        op = self._parent.append_op(
             "ifelse",
             inputs={"Cond": [self._cond], "X": split, "Params": whole},
             outputs={"Out": outs, "Scopes": [scopes]},
@@ -254,6 +284,7 @@ class IfElse:
                 "false_outs": [v.name for v in false_outs],
             },
         )
+        _inputs_cover_sub_blocks.add(op)
         self._done = True
         return outs
 
@@ -334,12 +365,13 @@ class BlockOp:
         scope = self._parent.create_var(
             unique_name.generate(f"{self._name}.scope"), type="step_scopes", stop_gradient=True
         )
-        self._parent.append_op(
+        op = self._parent.append_op(
             "block",
             inputs={"X": reads},
             outputs={"Out": outs, "Scope": [scope]},
             attrs={"sub_block": self._block, "outs": [v.name for v in inner]},
         )
+        _inputs_cover_sub_blocks.add(op)
         self._done = True
         return outs
 
@@ -350,15 +382,18 @@ def ifelse(cond: VarDesc | None = None, name: str | None = None) -> IfElse:
 
 
 def _rename_reads(block: Block, renamed: dict[str, str]) -> None:
-    """In a block nested in a loop body, reads of outer names follow the body's SSA renames."""
-    local = {k: v for k, v in renamed.items() if k not in block.vars}
-    if not local:
-        return
-    for op in block.ops:
-        for slot, names in op.inputs.items():
-            op.inputs[slot] = [local.get(n, n) for n in names]
-        for sub in op.sub_blocks():
-            _rename_reads(sub, local)
+    """In a block nested in a loop body, reads of outer names follow the body's SSA renames
+    (a nested block's own variable of the same name shadows the rename)."""
+    pending = [(block, renamed)]
+    while pending:
+        one, names = pending.pop()
+        local = {k: v for k, v in names.items() if k not in one.vars}
+        if not local:
+            continue
+        for op in one.ops:
+            for slot, inputs in op.inputs.items():
+                op.inputs[slot] = [local.get(n, n) for n in inputs]
+            pending.extend((sub, local) for sub in op.sub_blocks())
 
 
 def _to_ssa(body: Block) -> list[tuple[str, str]]:
@@ -449,7 +484,7 @@ class While:
         scopes = self._parent.create_var(
             unique_name.generate(f"{self._name}.scopes"), type="step_scopes", stop_gradient=True
         )
-        self._parent.append_op(
+        op = self._parent.append_op(
             "while",
             inputs={"X": inputs, "Condition": [self._cond]},
             outputs={"Out": outer, "StepScopes": [scopes]},
@@ -460,6 +495,7 @@ class While:
                 "max_steps": self._max_steps,
             },
         )
+        _inputs_cover_sub_blocks.add(op)
 
 
 def create_array(dtype: Any = "float32", name: str | None = None) -> VarDesc:

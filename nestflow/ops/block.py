@@ -17,7 +17,7 @@ import numpy as np
 
 from nestflow.errors import ControlFlowError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
-from nestflow.ops.ifelse import grad_value, set_grads, store_step
+from nestflow.ops.ifelse import check_block_attrs, grad_value, set_grads, store_step
 from nestflow.ops.registry import GradContext, GradOpSpec, register_op
 
 
@@ -29,6 +29,7 @@ class block:
     outputs = ("Out*", "Scope?")
     attrs = {"sub_block": None, "outs": []}
     output_attrs = {"Out": ("outs",)}
+    infer_op = check_block_attrs("sub_block")
 
     def run(ctx):
         scope = ctx.scope.new_scope()
@@ -78,6 +79,7 @@ class block_grad:
     inputs = ("X*", "Out*", "Out@GRAD*", "Scope")
     outputs = ("X@GRAD*",)
     attrs = {"grad_block": None, "seeds": [], "x_grads": []}
+    infer_op = check_block_attrs("grad_block")
 
     def run(ctx):
         attrs = ctx.attrs

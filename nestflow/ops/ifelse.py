@@ -87,6 +87,19 @@ class GradSum:
             self._owned = type(total) is np.ndarray
 
 
+def check_block_attrs(*names: str, optional: tuple[str, ...] = ()):
+    """An infer_op for a control-flow op: AttrError unless each attribute of `names` holds a
+    sub-block (and each of `optional` one or nothing), when the op is appended or loaded."""
+
+    def infer_op(op: OpDesc) -> None:
+        for name in names:
+            op.block_attr(name)
+        for name in optional:
+            op.block_attr(name, optional=True)
+
+    return infer_op
+
+
 def _branch_value(frame, bound: dict[str, Any], name: str) -> Any:
     if name in bound:
         return bound[name]
@@ -105,6 +118,7 @@ class ifelse:
     attrs = {"true_block": None, "false_block": None, "true_outs": [], "false_outs": []}
     output_attrs = {"Out": ("true_outs", "false_outs")}
     no_grad_inputs = ("Cond",)
+    infer_op = check_block_attrs("true_block", "false_block")
 
     def run(ctx):
         op = ctx.op
@@ -230,6 +244,7 @@ class ifelse_grad:
         "true_param_grads": [],
         "false_param_grads": [],
     }
+    infer_op = check_block_attrs(optional=("true_grad_block", "false_grad_block"))
 
     def run(ctx):
         attrs = ctx.attrs

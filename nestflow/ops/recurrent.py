@@ -28,7 +28,14 @@ import numpy as np
 
 from nestflow.errors import ControlFlowError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
-from nestflow.ops.ifelse import GradSum, grad_value, scope_array, set_grads, store_step
+from nestflow.ops.ifelse import (
+    GradSum,
+    check_block_attrs,
+    grad_value,
+    scope_array,
+    set_grads,
+    store_step,
+)
 from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
 from nestflow.ops.step_products import (
     DEFERRED_ATTRS,
@@ -149,6 +156,7 @@ class recurrent:
     attrs = {"sub_block": None, "memories": [], "updates": [], "step_outputs": []}
     output_attrs = {"Outputs": ("step_outputs",)}
     no_grad_inputs = ("Lengths",)
+    infer_op = check_block_attrs("sub_block")
 
     def run(ctx):
         op, attrs = ctx.op, ctx.attrs
@@ -309,6 +317,7 @@ class recurrent_grad:
         "param_grads": [],
         **DEFERRED_ATTRS,
     }
+    infer_op = check_block_attrs("grad_block")
 
     def run(ctx):
         attrs = ctx.attrs

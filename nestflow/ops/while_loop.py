@@ -7,6 +7,12 @@ in `carried`. Each iteration runs in a fresh kid scope with the current values o
 variables bound under their outer names; afterwards the inner values become the current ones.
 Each step scope therefore keeps the step's input and output values, which is what `while_grad`
 needs to run the body's gradient block backwards over the steps.
+
+A loop whose step scopes no op reads (no `while_grad`: an inference program) keeps only the
+newest one (values made in the body can still be fetched), so a loop that runs long holds no
+more memory than one step. With a gradient to come every step is kept, up to
+MAX_KEPT_STEPS when `max_steps` is -1: past that the loop stops with MaxStepsExceededError
+rather than growing until memory runs out.
 """
 
 from __future__ import annotations
@@ -15,15 +21,65 @@ from typing import Any
 
 import numpy as np
 
-from nestflow.errors import ControlFlowError, MaxStepsExceededError
-from nestflow.framework.program import GRAD_SUFFIX, OpDesc
-from nestflow.ops.ifelse import GradSum, grad_value, is_float, scope_array, store_step
+from nestflow.errors import AttrError, ControlFlowError, MaxStepsExceededError
+from nestflow.framework.program import GRAD_SUFFIX, OpDesc, Program
+from nestflow.ops.ifelse import (
+    GradSum,
+    check_block_attrs,
+    grad_value,
+    is_float,
+    scope_array,
+    store_step,
+)
 from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
 from nestflow.ops.step_products import (
     DEFERRED_ATTRS,
     defer_parameter_products,
     deferred_products,
 )
+
+# The most step scopes a `while` with max_steps -1 keeps for its gradient (each holds one
+# step's values): a loop past it is taken for one that never ends.
+MAX_KEPT_STEPS = 100_000
+
+
+def _check_while(op: OpDesc) -> None:
+    """The layer's checks, for a while op however it was made (nf.While, by hand, or loaded):
+    a body, one inner name per carried variable, and a condition the body writes unless
+    max_steps bounds the loop."""
+    op.block_attr("sub_block")
+    attrs = op.attrs
+    carried, inner = attrs["carried"], attrs["carried_inner"]
+    if len(carried) != len(inner):
+        raise AttrError(
+            f"while: 'carried' names {len(carried)} variables ({carried}) but "
+            f"'carried_inner' {len(inner)} ({inner}); each carried variable needs one"
+        )
+    cond = op.input("Condition")[0]
+    if cond not in carried and attrs["max_steps"] < 0:
+        raise ControlFlowError(
+            f"while: the body never writes the condition '{cond}' (it is not among the "
+            f"carried variables {carried}) and max_steps is {attrs['max_steps']}, so the "
+            f"loop could never stop"
+        )
+
+
+def _step_scopes_read(op: OpDesc) -> bool:
+    """Whether any op of the program reads the while op's StepScopes (its gradient op)."""
+    names = [n for n in op.output("StepScopes") if n]
+    if not names:
+        return False
+    program = op.block.program
+    return any(name in _read_names(program) for name in names)
+
+
+def _read_names(program: Program) -> frozenset[str]:
+    """Every name an op of `program` reads, computed once per program version."""
+    cached = program.__dict__.get("_read_names")
+    if cached is None or cached[0] != program.version:
+        names = frozenset(n for b in program.blocks for op in b.ops for n in op.input_names())
+        cached = program.__dict__["_read_names"] = (program.version, names)
+    return cached[1]
 
 
 def _truth(value: Any, name: str) -> bool:
@@ -49,30 +105,34 @@ class while_:
     outputs = ("Out*", "StepScopes")
     attrs = {"sub_block": None, "carried": [], "carried_inner": [], "max_steps": -1}
     no_grad_inputs = ("Condition",)
+    infer_op = _check_while
 
     def run(ctx):
         attrs = ctx.attrs
         body, carried, inner = attrs["sub_block"], attrs["carried"], attrs["carried_inner"]
         max_steps = attrs["max_steps"]
+        keep_all = _step_scopes_read(ctx.op)
+        kept_limit = max_steps if max_steps >= 0 or not keep_all else MAX_KEPT_STEPS
         cond_name = ctx.op.input("Condition")[0]
         given = dict(zip(ctx.op.input("X"), ctx.inputs("X")))
         current = {name: given[name] if name in given else ctx.lookup(name) for name in carried}
         cond = ctx.input("Condition")
         scopes = []
+        steps = 0
         run_block, remembered = ctx.executor.run_sub_block, {}
         while _truth(cond, cond_name):
-            if 0 <= max_steps <= len(scopes):
-                raise MaxStepsExceededError(
-                    f"while: the condition '{cond_name}' still holds after max_steps="
-                    f"{max_steps} iterations"
-                )
+            if 0 <= kept_limit <= steps:
+                raise MaxStepsExceededError(_past_limit_message(cond_name, max_steps, steps))
             scope = ctx.scope.new_scope()
             bound = dict(current)
             frame = run_block(body, scope, bound, ctx.frame, remembered)
             store_step(frame, scope, bound)
             for outer, name in zip(carried, inner):
                 current[outer] = frame.value(name)
+            if not keep_all and scopes:
+                ctx.scope.delete_scope(scopes.pop())  # nothing reads an older step
             scopes.append(scope)
+            steps += 1
             if cond_name in current:
                 cond = current[cond_name]
         ctx.set_outputs("Out", [current[name] for name in carried])
@@ -135,6 +195,8 @@ class while_grad:
     each carried variable's new value is the seed, the gradient of its old value (under the
     outer name) flows to the step before; other outer inputs' gradients are summed."""
 
+    infer_op = check_block_attrs("grad_block")
+
     inputs = ("X*", "Out*", "Out@GRAD*", "StepScopes")
     outputs = ("X@GRAD*",)
     attrs = {
@@ -189,6 +251,19 @@ class while_grad:
             if grad is None and (is_float(value) or isinstance(value, list)):
                 grad = zero_grad_like(value)
             env[index] = grad
+
+
+def _past_limit_message(cond_name: str, max_steps: int, steps: int) -> str:
+    if max_steps >= 0:
+        return (
+            f"while: the condition '{cond_name}' still holds after max_steps={max_steps} iterations"
+        )
+    return (
+        f"while: the condition '{cond_name}' still holds after {steps} iterations, each kept "
+        f"for the gradient (the most a loop with max_steps -1 keeps, "
+        f"nestflow.ops.while_loop.MAX_KEPT_STEPS); if the loop is meant to run longer, give "
+        f"nf.While its max_steps"
+    )
 
 
 # ---- tensor arrays: a tensor_array variable holds a Python list of arrays ----

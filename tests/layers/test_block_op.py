@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -41,6 +43,7 @@ def test_the_block_runs_as_one_op_and_matches_numpy(rng):
     scope, exe = nf.Scope(), nf.Executor()
     exe.run(startup, scope=scope)
     xs = rng.normal(size=(5, 3))
+    gc.collect()  # earlier tests' unreachable scopes must not be collected during the run
     before = live_scope_count()
     got, inner = exe.run(main, feed={"x": xs}, fetch_list=[out, hidden], scope=scope)
     w, b = _params(scope)
