@@ -1,11 +1,17 @@
-"""One LSTM step as one op: lstm_unit (Fluid 1.8's slots, attrs and gate order).
+"""One recurrent step as one op: lstm_unit (Fluid 1.8's slots, attrs and gate order) and
+gru_cell (PyTorch's GRU step).
 
-The recurrent layers (nf.layers.lstm, LSTMCell) compute the gate pre-activations of a step with
-one product and run the rest of the step here: one op, and one gradient op, per step instead of
-a dozen elementwise ones. The gradient recomputes the gates from X (cheaper than keeping them).
+The recurrent layers (nf.layers.lstm/gru, LSTMCell/GRUCell) compute the gate pre-activations of
+a step with one product and run the rest of the step here: one op, and one gradient op, per
+step instead of a dozen elementwise ones. Transcendental functions dominate these kernels, so
+each forward keeps its activated gates for its gradient (`_GATES`) rather than have the
+gradient compute them again.
 """
 
 from __future__ import annotations
+
+import threading
+import weakref
 
 import numpy as np
 
@@ -14,24 +20,90 @@ from nestflow.errors import DTypeError
 from nestflow.ops.registry import VarInfo, fail, register_op
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    # tanh form: no overflow warning for large |x|; in place on the fresh tanh result.
-    out = np.tanh(x * np.asarray(0.5, x.dtype))
-    out *= 0.5
-    out += 0.5
+class _GateMemo:
+    """Activated gates of recent forwards, keyed by the forward's output array (held weakly:
+    the entry dies with it) and checked against its input. Sub-blocks never write into a value
+    they keep for the backward pass, so an entry stays valid while both arrays live; at most
+    `limit` bytes are kept, oldest entries dropped first (their gradients recompute)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._entries: dict[int, tuple] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()  # weakref callbacks may run in any thread
+
+    def _drop(self, ident: int) -> None:
+        entry = self._entries.pop(ident, None)
+        if entry is not None:
+            self._bytes -= entry[3]
+
+    def put(self, out: np.ndarray, x: np.ndarray, gates: tuple[np.ndarray, ...]) -> None:
+        ident, size = id(out), sum(g.nbytes for g in gates)
+
+        def forget(_ref, ident=ident):
+            with self._lock:
+                self._drop(ident)
+
+        with self._lock:
+            self._drop(ident)
+            while self._entries and self._bytes + size > self.limit:
+                self._drop(next(iter(self._entries)))
+            if size <= self.limit:
+                self._entries[ident] = (weakref.ref(out, forget), weakref.ref(x), gates, size)
+                self._bytes += size
+
+    def take(self, out: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, ...] | None:
+        with self._lock:
+            entry = self._entries.get(id(out))
+            if entry is None or entry[0]() is not out or entry[1]() is not x:
+                return None
+            self._drop(id(out))
+            return entry[2]
+
+
+_GATES = _GateMemo(limit=256 << 20)
+
+
+# exp is about twice as fast as tanh in NumPy, so the activations go through it:
+# sigmoid(v) = 1 / (1 + exp(-v)), tanh(v) = 2 * sigmoid(2v) - 1. exp(-v) overflows to inf for
+# very negative v, which gives the right limits (0 and -1): the warning is silenced.
+
+
+def _sigmoid_of_scaled(a: np.ndarray) -> np.ndarray:
+    """sigmoid(-a), computed in place in `a` (which the caller owns)."""
+    with np.errstate(over="ignore"):
+        np.exp(a, out=a)
+    a += 1
+    np.reciprocal(a, out=a)
+    return a
+
+
+def _tanh(x: np.ndarray) -> np.ndarray:
+    out = _sigmoid_of_scaled(np.multiply(x, np.asarray(-2.0, x.dtype)))
+    out *= 2
+    out -= 1
     return out
 
 
-def _gates(X: np.ndarray, forget_bias: float):
-    """sigmoid(i), sigmoid(f + forget_bias), sigmoid(o), tanh(g) from X = [i, f, o, g]."""
+_SCALES: dict[tuple[int, str], np.ndarray] = {}
+
+
+def _lstm_gates(X: np.ndarray, forget_bias: float) -> np.ndarray:
+    """[sigmoid(i), sigmoid(f + forget_bias), sigmoid(o), tanh(g)] from X = [i, f, o, g], with
+    one exp over all four."""
     d = X.shape[-1] // 4
+    key = (d, X.dtype.str)
+    scales = _SCALES.get(key)
+    if scales is None:  # -1 for the sigmoid gates, -2 for tanh(g) = 2 * sigmoid(2g) - 1
+        scales = _SCALES[key] = np.repeat(np.array([-1, -1, -1, -2], X.dtype), d)
+    act = np.multiply(X, scales)
     if forget_bias:
-        x = X.copy()
-        x[..., d : 2 * d] += np.asarray(forget_bias, X.dtype)
-    else:
-        x = X
-    ifo = _sigmoid(x[..., : 3 * d])
-    return ifo[..., :d], ifo[..., d : 2 * d], ifo[..., 2 * d :], np.tanh(x[..., 3 * d :])
+        act[..., d : 2 * d] -= np.asarray(forget_bias, X.dtype)
+    _sigmoid_of_scaled(act)
+    g = act[..., 3 * d :]
+    g *= 2
+    g -= 1
+    return act
 
 
 @register_op
@@ -66,16 +138,24 @@ class lstm_unit:
         return info, info
 
     def forward(X, C_prev, forget_bias):
-        i, f, o, g = _gates(X, forget_bias)
-        c = C_prev * f
-        c += i * g
-        h = np.tanh(c)
-        h *= o
+        act = _lstm_gates(X, forget_bias)
+        d = act.shape[-1] // 4
+        c = C_prev * act[..., d : 2 * d]
+        c += act[..., :d] * act[..., 3 * d :]
+        tanh_c = _tanh(c)
+        h = tanh_c * act[..., 2 * d : 3 * d]
+        _GATES.put(c, X, (act, tanh_c))
         return c, h
 
     def backward(X, C_prev, C, H, C_grad, H_grad, forget_bias, needs=(True, True)):
-        i, f, o, g = _gates(X, forget_bias)
-        tanh_c = np.tanh(C)
+        kept = _GATES.take(C, X)
+        if kept is None:
+            act = _lstm_gates(X, forget_bias)
+            tanh_c = _tanh(C)
+        else:
+            act, tanh_c = kept
+        d = C.shape[-1]
+        i, f, o, g = (act[..., k * d : (k + 1) * d] for k in range(4))
         # The gradient reaching C: its own, plus H's through tanh(C) * o.
         if H_grad is not None:
             dc = H_grad * o
@@ -87,7 +167,6 @@ class lstm_unit:
         dx = dprev = None
         if needs[0]:
             dx = np.empty_like(X)
-            d = C.shape[-1]
             np.multiply(dc * g, i * (1 - i), out=dx[..., :d])
             np.multiply(dc * C_prev, f * (1 - f), out=dx[..., d : 2 * d])
             if H_grad is not None:
@@ -96,7 +175,8 @@ class lstm_unit:
                 dx[..., 2 * d : 3 * d] = 0
             np.multiply(dc * i, 1 - g * g, out=dx[..., 3 * d :])
         if needs[1]:
-            dprev = dc * f
+            dc *= f
+            dprev = dc
         return dx, dprev
 
 
@@ -104,11 +184,11 @@ def _gru_gates(X, HiddenProj, Bias):
     """r, z, the candidate n and the hidden part of its pre-activation (W_hn h + b_hn)."""
     d = X.shape[-1] // 3
     hidden = HiddenProj if Bias is None else HiddenProj + Bias
-    rz = X[..., : 2 * d] + hidden[..., : 2 * d]
-    rz = _sigmoid(rz)
+    rz = np.add(X[..., : 2 * d], hidden[..., : 2 * d])
+    rz = _sigmoid_of_scaled(np.negative(rz, out=rz))
     r, z = rz[..., :d], rz[..., d:]
     hn = hidden[..., 2 * d :]
-    n = np.tanh(X[..., 2 * d :] + r * hn)
+    n = _tanh(X[..., 2 * d :] + r * hn)
     return r, z, n, hn
 
 
@@ -145,14 +225,17 @@ class gru_cell:
         return HiddenPrev
 
     def forward(X, HiddenProj, HiddenPrev, Bias):
-        _r, z, n, _hn = _gru_gates(X, HiddenProj, Bias)
+        gates = _gru_gates(X, HiddenProj, Bias)
+        _r, z, n, _hn = gates
         out = HiddenPrev - n
         out *= z
         out += n
+        _GATES.put(out, X, gates)
         return out
 
     def backward(X, HiddenProj, HiddenPrev, Bias, Hidden, Hidden_grad, needs=(True,) * 4):
-        r, z, n, hn = _gru_gates(X, HiddenProj, Bias)
+        kept = _GATES.take(Hidden, X)
+        r, z, n, hn = kept if kept is not None else _gru_gates(X, HiddenProj, Bias)
         d = n.shape[-1]
         dx = np.empty_like(X)
         dn = dx[..., 2 * d :]  # d(pre-activation of n) = dX_n
