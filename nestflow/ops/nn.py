@@ -1,12 +1,15 @@
 """Vision ops (NCHW): conv2d, depthwise_conv2d, conv2d_transpose, pool2d, lrn, flatten/flatten2.
 
 Slots, attrs and defaults are Fluid 1.8's. Convolutions run on three primitives shared by both
-directions: `_conv` (im2col: the kh*kw shifted strided views of the padded input copied into one
-[N, groups, C/g*kh*kw, OH*OW] array, then one batched GEMM), `_conv_input_grad` (the GEMM's
-transpose, then col2im: each kernel offset's columns added back into a strided slice) and
-`_conv_filter_grad`. conv2d_transpose is conv2d's data gradient run forwards, so it reuses them
-with the roles swapped. Pooling loops over the kh*kw kernel offsets, each a vectorised operation
-on a strided view; no kernel loops over batch, channels or pixels in Python.
+directions: `_conv`, `_conv_input_grad` and `_conv_filter_grad`; conv2d_transpose is conv2d's
+data gradient run forwards, so it reuses them with the roles swapped. Each picks its kernels by
+`_kernel`: Winograd F(4x4, 3x3) for 3x3 stride-1 filters (nestflow/ops/winograd.py), one GEMM
+per image for 1x1 filters on large images, and otherwise im2col (each kernel offset's strided
+view of the padded input copied into one [C/g*kh*kw, OH*OW*N] array per group, then one GEMM;
+its gradient's col2im adds each offset's columns back into a strided slice). The forward's
+columns are kept for the filter gradient (`_ColumnsMemo`). Pooling loops over the kh*kw kernel
+offsets, each a vectorised operation on a strided view; no kernel loops over batch, channels or
+pixels in Python.
 
 Attrs that only steer Fluid's hardware back ends (use_cudnn, use_mkldnn, workspace_size_MB, ...)
 are accepted so Fluid programs load, and have no effect.
