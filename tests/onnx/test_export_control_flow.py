@@ -96,56 +96,39 @@ def test_per_row_ifelse_one_model_serves_every_split(programs):
     roundtrip(main, scope, runs[0], fetches, runs=runs[1:])
 
 
-def test_seed_ifelse_program_as_written():
-    """examples/seed_ifelse.py builds its program in the default programs: exported with no
-    feeds (its minibatches are constants), and again with the minibatches fed."""
+def _example(name: str):
+    """Run examples/<name> as a script: its main() builds the seed program in the default
+    programs (here a fresh pair), runs it and prints it. Returns the pair."""
     main, startup = nf.Program(), nf.Program()
-    with nf.program_guard(main, startup):
-        namespace = runpy.run_path(str(ROOT / "examples" / "seed_ifelse.py"), run_name="seed")
-        pd = namespace["pd"]
-        x = pd.minibatch([10, 20, 30])
-        y = pd.var(1)
-        z = pd.minibatch([10, 20, 30])
-        cond = pd.layers.greater_than(x, 15)
-        ie = pd.ifelse()
-        with ie.true_block():
-            d = pd.layers.add_scalar(x, y)
-            ie.output(d, pd.layers.softmax(d))
-        with ie.false_block():
-            d = pd.layers.fc(z, size=1)
-            ie.output(d, d + 1)
-        o1, o2 = ie(cond)
+    with nf.program_guard(main, startup), nf.unique_name.guard():
+        runpy.run_path(str(ROOT / "examples" / name), run_name="__main__")
+    return main, startup
+
+
+def _op(program, op_type: str):
+    return next(op for op in program.global_block().ops if op.type == op_type)
+
+
+def test_seed_ifelse_program_as_written():
+    """examples/seed_ifelse.py's program exported with no feeds (its minibatches are
+    constants), and again with the minibatches fed: rows of any count and any split."""
+    main, startup = _example("seed_ifelse.py")
+    ifelse = _op(main, "ifelse")
     scope = _initialised(startup)
-    roundtrip(main, scope, {}, [cond, o1, o2])
+    roundtrip(main, scope, {}, ifelse.input("Cond") + ifelse.output("Out"))
     rows = [[10, 20, 30], [16], [1, 2], [40, 50, 60, 70], []]
-    runs = [
-        {x.name: np.array(r, "f4").reshape(-1, 1), z.name: np.array(r, "f4").reshape(-1, 1)}
-        for r in rows
-    ]
-    roundtrip(main, scope, runs[0], [o1, o2], runs=runs[1:])
+    runs = [{name: np.array(r, "f4").reshape(-1, 1) for name in ifelse.input("X")} for r in rows]
+    roundtrip(main, scope, runs[0], ifelse.output("Out"), runs=runs[1:])
 
 
 # ---- RNN ----
 
 
-def test_seed_rnn_program(programs):
-    main, startup = programs
-    pd = nf
-    x = pd.sequence([10, 20, 30])
-    m = pd.var(0)
-    w = pd.var(0.314, param=True)
-    u = pd.var(0.375, param=True)
-    rnn = pd.rnn()
-    with rnn.step():
-        h = rnn.memory(init=m)
-        h_prev = rnn.previous_memory(h)
-        a = pd.layers.matmul(x, w)
-        b = pd.layers.matmul(h_prev, u)
-        rnn.update_memory(h, pd.sigmoid(pd.add(a, b)))
-        rnn.output(a, b)
-    o1, o2 = rnn()
-    final = rnn.final_memory(h)
-    model = roundtrip(main, _initialised(startup), {}, [o1, o2, final])
+def test_seed_rnn_program_as_written():
+    main, startup = _example("seed_rnn.py")
+    rnn = _op(main, "recurrent")
+    fetches = rnn.output("Outputs") + rnn.output("FinalMemories")
+    model = roundtrip(main, _initialised(startup), {}, fetches)
     assert "Loop" in _ops(model)
 
 

@@ -53,6 +53,12 @@ def _binary(op, **attrs):
     ]
 
 
+def _bn(x: Feed) -> dict:
+    """batch_norm's inputs for 3 channels: X and its four [3] parameter vectors."""
+    vectors = {slot: Param(R.normal(size=3).astype("f4")) for slot in ("Scale", "Bias", "Mean")}
+    return {"X": x, **vectors, "Variance": Param(R.uniform(0.5, 2, size=3).astype("f4"))}
+
+
 POW_BASE = Feed([-1, 3, 4], make=lambda rng, n: rng.uniform(0.5, 2, size=(n, 3, 4)).astype("f4"))
 
 CASES = [
@@ -103,6 +109,16 @@ CASES = [
         },
         batches=(1,),
         id="matmul-two-vectors",
+    ),
+    OpExport(
+        "matmul",
+        {
+            "X": Param(R.normal(size=(3,)).astype("f4")),
+            "Y": Param(R.normal(size=(1, 4)).astype("f4")),
+        },
+        {"transpose_X": True},
+        batches=(1,),
+        id="matmul-column-vector",
     ),
     OpExport("mul", {"X": X2, "Y": Param(R.normal(size=(5, 3)).astype("f4"))}),
     OpExport(
@@ -645,39 +661,18 @@ CASES = [
     OpExport("flatten2", {"X": X}, {"axis": 1}, outputs={"Out": 1, "XShape": 1}),
     # norm
     OpExport(
-        "batch_norm",
-        {
-            "X": _images(3, 2, 2),
-            "Scale": Param(R.normal(size=3).astype("f4")),
-            "Bias": Param(R.normal(size=3).astype("f4")),
-            "Mean": Param(R.normal(size=3).astype("f4")),
-            "Variance": Param(R.uniform(0.5, 2, size=3).astype("f4")),
-        },
-        {"is_test": True},
-        outputs={"Y": 1, "SavedVariance": 1},
+        "batch_norm", _bn(_images(3, 2, 2)), {"is_test": True}, outputs={"Y": 1, "SavedVariance": 1}
     ),
     OpExport(
         "batch_norm",
-        {
-            "X": Feed([-1, 2, 3]),
-            "Scale": Param(R.normal(size=3).astype("f4")),
-            "Bias": Param(R.normal(size=3).astype("f4")),
-            "Mean": Param(R.normal(size=3).astype("f4")),
-            "Variance": Param(R.uniform(0.5, 2, size=3).astype("f4")),
-        },
+        _bn(Feed([-1, 2, 3])),
         {"is_test": True, "data_layout": "NHWC"},
         outputs={"Y": 1},
         id="batch_norm-nhwc",
     ),
     OpExport(
         "batch_norm",
-        {
-            "X": _images(3, 2, 2),
-            "Scale": Param(R.normal(size=3).astype("f4")),
-            "Bias": Param(R.normal(size=3).astype("f4")),
-            "Mean": Param(R.normal(size=3).astype("f4")),
-            "Variance": Param(R.uniform(0.5, 2, size=3).astype("f4")),
-        },
+        _bn(_images(3, 2, 2)),
         {"is_test": True, "trainable_statistics": True},
         outputs={"Y": 1, "MeanOut": 1, "VarianceOut": 1, "SavedMean": 1, "SavedVariance": 1},
         batches=(1, 7),

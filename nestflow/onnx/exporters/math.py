@@ -95,10 +95,9 @@ def matmul(ctx: OpContext) -> None:
     x, y = ctx.input("X"), ctx.input("Y")
     x_var, y_var = ctx.in_var("X"), ctx.in_var("Y")
     tx, ty = ctx.attrs["transpose_X"], ctx.attrs["transpose_Y"]
-    x_vector, y_vector = x_var.ndim == 1, y_var.ndim == 1
-    if x_vector:
+    if x_var.ndim == 1:
         x = ctx.unsqueeze(x, [0])  # [1, K]
-    if y_vector:
+    if y_var.ndim == 1:
         y = ctx.unsqueeze(y, [1])  # [K, 1]
     x_rank, y_rank = max(x_var.ndim, 2), max(y_var.ndim, 2)
     if tx:
@@ -111,24 +110,18 @@ def matmul(ctx: OpContext) -> None:
         out = ctx.node("Mul", [out, ctx.scalar(alpha, x_var.dtype)])
     rank = max(x_rank, y_rank)
     drop = []
-    if x_vector:
-        rows = 1 if not tx else x_var.shape[0]
-        if rows < 0:
+    for var, flag, dim in ((x_var, tx, rank - 2), (y_var, ty, rank - 1)):
+        if var.ndim != 1:
+            continue
+        # a vector's row (X) or column (Y) dim is 1, or its size when transposed
+        size = var.shape[0] if flag else 1
+        if size < 0:
             raise ShapeError(
-                f"X '{x_var.name}' is a vector of unknown size with transpose_X: whether the "
-                f"result keeps its row dim depends on the size, which ONNX export needs known"
+                f"'{var.name}' is a vector of unknown size and transposed: whether matmul "
+                f"keeps its dim depends on that size, which ONNX export needs known"
             )
-        if rows == 1:
-            drop.append(rank - 2)
-    if y_vector:
-        cols = 1 if not ty else y_var.shape[0]
-        if cols < 0:
-            raise ShapeError(
-                f"Y '{y_var.name}' is a vector of unknown size with transpose_Y: whether the "
-                f"result keeps its column dim depends on the size, which ONNX export needs known"
-            )
-        if cols == 1:
-            drop.append(rank - 1)
+        if size == 1:
+            drop.append(dim)
     if drop:
         out = ctx.squeeze(out, drop)
         if len(drop) == rank:
