@@ -234,7 +234,6 @@ class ModelBuilder:
         self._constants: dict[tuple, str] = {}
         self.main = Graph("nestflow")
         self.main_env = Env()
-        self._loaded: dict[str, Any] = {}
 
     # ---- values ----
 
@@ -366,6 +365,8 @@ def _no_export_message(op_type: str) -> str:
 def _name_outputs(builder: ModelBuilder, fetches: list[str], values: list[Any]) -> list[str]:
     """Graph outputs named as the fetched variables: the value producing each is renamed to
     its fetch name (or copied by an Identity when a graph input or initializer holds it)."""
+    from onnx import helper
+
     produced = {out for node in builder.main.nodes for out in node.output}
     renames: dict[str, str] = {}
     names = []
@@ -383,8 +384,6 @@ def _name_outputs(builder: ModelBuilder, fetches: list[str], values: list[Any]) 
             renames[value.name] = target
         else:
             source = renames.get(value.name, value.name)
-            from onnx import helper
-
             builder.main.nodes.append(helper.make_node("Identity", [source], [target]))
         names.append(target)
     if renames:

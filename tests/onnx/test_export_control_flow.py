@@ -153,7 +153,8 @@ def _tanh_rnn(hidden=3, features=2, with_init=True):
     return out, echoed, rnn.final_memory(h)
 
 
-def test_rnn_with_unequal_lengths(programs):
+@pytest.mark.parametrize("opset", [13, 17, 21])
+def test_rnn_with_unequal_lengths(programs, opset):
     main, startup = programs
     fetches = _tanh_rnn()
     scope = _initialised(startup)
@@ -168,7 +169,7 @@ def test_rnn_with_unequal_lengths(programs):
         }
 
     runs = [feed([5, 2, 0, 3], 5), feed([1], 1), feed([4, 4, 1, 2, 3, 0, 2], 4), feed([], 3)]
-    model = roundtrip(main, scope, runs[0], fetches, runs=runs[1:])
+    model = roundtrip(main, scope, runs[0], fetches, runs=runs[1:], opset=opset)
     assert "Loop" in _ops(model)
 
 
@@ -272,8 +273,8 @@ def _tanh_loop(steps: int, max_steps=None):
     return x, i, array
 
 
-@pytest.mark.parametrize("steps", [0, 1, 4])
-def test_while_loop_with_a_tensor_array(programs, steps):
+@pytest.mark.parametrize(("steps", "opset"), [(0, 17), (1, 17), (4, 17), (4, 13), (4, 21)])
+def test_while_loop_with_a_tensor_array(programs, steps, opset):
     main, startup = programs
     x, i, array = _tanh_loop(steps)
     fetches = [x, i, L.array_length(array)]
@@ -283,7 +284,7 @@ def test_while_loop_with_a_tensor_array(programs, steps):
     scope = _initialised(startup)
     rng = np.random.default_rng(7)
     runs = [{"x": rng.normal(size=(n, 2)).astype("f4")} for n in (3, 1, 0)]
-    model = roundtrip(main, scope, runs[0], fetches, runs=runs[1:])
+    model = roundtrip(main, scope, runs[0], fetches, runs=runs[1:], opset=opset)
     assert "Loop" in _ops(model)
 
 
@@ -346,8 +347,8 @@ def test_while_counting_with_a_condition_on_data(programs):
 # ---- whole-batch cond, BlockOp ----
 
 
-@pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_cond_exports_as_if(programs, sign):
+@pytest.mark.parametrize(("sign", "opset"), [(1.0, 17), (-1.0, 17), (-1.0, 13), (1.0, 21)])
+def test_cond_exports_as_if(programs, sign, opset):
     main, startup = programs
     x = L.data("x", [-1, 4])
     zero = L.fill_constant([1], "float32", 0.0)
@@ -356,7 +357,7 @@ def test_cond_exports_as_if(programs, sign):
     scope = _initialised(startup)
     rng = np.random.default_rng(11)
     runs = [{"x": (sign * np.abs(rng.normal(size=(n, 4)))).astype("f4")} for n in (3, 1)]
-    model = roundtrip(main, scope, runs[0], [out], runs=runs[1:])
+    model = roundtrip(main, scope, runs[0], [out], runs=runs[1:], opset=opset)
     assert "If" in _ops(model)
 
 

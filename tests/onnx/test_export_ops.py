@@ -770,6 +770,11 @@ def _schedules(step: int) -> list[OpExport]:
 CASES += [case for step in (0, 3, 10, 25) for case in _schedules(step)]
 
 OPSET_SAMPLE = [
+    "mul-x2",
+    "fill_cbsl-dim1",
+    "sequence_pool-LAST",
+    "kldiv-batchmean",
+    "scale-int",
     "reduce_sum-dim1",
     "reduce_max-last",
     "split-sections",

@@ -140,6 +140,8 @@ def kldiv_loss(ctx: OpContext) -> None:
     if reduction == "sum":
         ctx.set_output("Loss", total)
         return
-    count = ctx.node("Size", [x]) if reduction == "mean" else ctx.dim(x, 0)
-    count = ctx.to_scalar(ctx.cast(count, dtype)) if reduction != "mean" else ctx.cast(count, dtype)
+    if reduction == "mean":  # over every element
+        count = ctx.cast(ctx.node("Size", [x]), dtype)
+    else:  # batchmean: over the first dim's size
+        count = ctx.to_scalar(ctx.cast(ctx.dim(x, 0), dtype))
     ctx.set_output("Loss", ctx.node("Div", [total, count]))
