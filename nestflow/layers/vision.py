@@ -79,6 +79,12 @@ def _padding(padding: Any, data_format: str, layer: str) -> tuple[list[int], str
     return _pair(padding, layer, "padding", low=0), "EXPLICIT"
 
 
+def _flag(value: Any, layer: str, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise layer_error(AttrError, layer, f"{what} must be True or False, got {value!r}")
+    return value
+
+
 def _image_input(input: VarDesc, data_format: str, layer: str) -> int:
     """Checks a 4-D float image input; returns its channel count (which must be known)."""
     require_float_input(input, layer)
@@ -190,7 +196,7 @@ def conv2d(
         "padding_algorithm": algorithm,
         "dilations": dilation,
         "groups": groups,
-        "use_cudnn": bool(use_cudnn),
+        "use_cudnn": _flag(use_cudnn, layer, "use_cudnn"),
         "data_format": data_format,
     }
     return _conv_layer(
@@ -273,7 +279,7 @@ def conv2d_transpose(
         "padding_algorithm": algorithm,
         "dilations": dilation,
         "groups": groups,
-        "use_cudnn": bool(use_cudnn),
+        "use_cudnn": _flag(use_cudnn, layer, "use_cudnn"),
         "data_format": data_format,
     }
     shape = [channels, num_filters // groups] + filter_size
@@ -325,7 +331,7 @@ def pool2d(
         "strides": pool_stride,
         "paddings": paddings,
         "padding_algorithm": algorithm,
-        "use_cudnn": bool(use_cudnn),
+        "use_cudnn": _flag(use_cudnn, layer, "use_cudnn"),
         "ceil_mode": bool(ceil_mode),
         "exclusive": bool(exclusive),
         "data_format": data_format,
