@@ -31,6 +31,7 @@ def session(model: Any) -> Any:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
+    options.log_severity_level = 3  # errors only (a Loop that runs no step warns)
     return ort.InferenceSession(
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )

@@ -168,7 +168,13 @@ def test_rnn_with_unequal_lengths(programs, opset):
             "h0": rng.normal(size=(n, 3)).astype("f4"),
         }
 
-    runs = [feed([5, 2, 0, 3], 5), feed([1], 1), feed([4, 4, 1, 2, 3, 0, 2], 4), feed([], 3)]
+    runs = [
+        feed([5, 2, 0, 3], 5),
+        feed([1], 1),
+        feed([4, 4, 1, 2, 3, 0, 2], 4),
+        feed([], 3),
+        feed([0, 0], 0),  # no time steps: outputs [batch, 0, ...], memories their boots
+    ]
     model = roundtrip(main, scope, runs[0], fetches, runs=runs[1:], opset=opset)
     assert "Loop" in _ops(model)
 
@@ -383,3 +389,24 @@ def test_block_op_is_inlined(programs):
     feed = {"x": np.random.default_rng(13).normal(size=(4, 3)).astype("f4")}
     model = roundtrip(main, _initialised(startup), feed, [out])
     assert "Loop" not in _ops(model) and "If" not in _ops(model)
+
+
+# ---- beam search decoding (While, tensor arrays, top_k, gather_tree) ----
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_beam_search_decoder(programs, beam):
+    from tests.layers.test_decode import TinyModel
+
+    main, startup = programs
+    model = TinyModel(seed=3, end_bias=1.0)
+    h0 = L.data("h0", [-1, model.hidden], "float64")
+    decoder = model.decoder(beam)
+    ids, final, lengths = L.dynamic_decode(decoder, inits=h0, max_step_num=6, return_length=True)
+    scope = _initialised(startup)
+    model.load(scope)
+    rng = np.random.default_rng(14)
+    runs = [{"h0": rng.normal(size=(n, model.hidden))} for n in (4, 1)]
+    fetches = [ids, final.log_probs, lengths, final.finished]
+    exported = roundtrip(main, scope, runs[0], fetches, runs=runs[1:], atol=1e-9, rtol=1e-9)
+    assert {"Loop", "TopK"} <= set(_ops(exported))

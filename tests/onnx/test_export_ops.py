@@ -740,6 +740,15 @@ CASES = [
         outputs={"Hidden": 1},
     ),
     OpExport("rnn_memory_boot", {"Ref": X}, {"shape": [2, 3], "value": 0.5}),
+    OpExport(
+        "gather_tree",
+        {"Ids": Feed([-1, 2, 3], "int64", high=9), "Parents": Feed([-1, 2, 3], "int64", high=3)},
+    ),
+    OpExport(
+        "gather_tree",
+        {"Ids": Feed([-1, 4, 2], "int32", high=9), "Parents": Feed([-1, 4, 2], "int32", high=2)},
+        id="gather_tree-int32",
+    ),
     # control-flow helpers that are plain ops
     OpExport("select_output", {"X": X2, "Mask": Param(np.array([1], "int32"))}, outputs={"Out": 2}),
 ]

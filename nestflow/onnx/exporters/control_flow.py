@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nestflow.onnx.exporters.graph import (
+    INT64_MIN,
     Emitter,
     Env,
     Graph,
@@ -178,8 +179,17 @@ def recurrent(ctx: OpContext) -> None:
     results = [results] if isinstance(results, str) else results
     for i in range(len(memories)):
         ctx.set_output("FinalMemories", results[i], i)
-    for i, rank in enumerate(ranks):
+    for i, (name, rank) in enumerate(zip(outs, ranks)):
         stacked = results[len(memories) + i]  # [time, batch, ...]
+        tail = step_block.find_var(name).shape[1:]
+        if len(tail) == rank - 1 and all(d >= 0 for d in tail):
+            # A Loop that ran no step gives a [0] scan output: shaped [0, batch, ...] here
+            # (a no-op otherwise), as nestflow gives when the row shape is known.
+            lead = ctx.node(
+                "Concat", [ctx.reshape(steps, [1]), ctx.dim(sequences[0].name, 0)], axis=0
+            )
+            shape = ctx.node("Concat", [lead, ctx.ints(tail)], axis=0) if tail else lead
+            stacked = ctx.reshape(stacked, shape)
         perm = [1, 0, *range(2, rank + 1)]
         ctx.set_output("Outputs", ctx.node("Transpose", [stacked], perm=perm), i)
 
@@ -356,3 +366,34 @@ def array_length(ctx: OpContext) -> None:
 def array_to_tensor(ctx: OpContext) -> None:
     out = ctx.node("ConcatFromSequence", [ctx.input("Array")], axis=ctx.attrs["axis"], new_axis=1)
     ctx.set_output("Out", out)
+
+
+# ---- gather_tree (beam search backtracking) ----
+
+
+@exports("gather_tree")
+def gather_tree(ctx: OpContext) -> None:
+    """A Loop over the steps from the last: out[t] = Ids[t] at each final beam's ancestor at
+    step t, which moves to its parent (Parents[t]) for the step before."""
+    ids, parents = ctx.input("Ids"), ctx.input("Parents")
+    dtype = ctx.in_var("Ids").dtype
+    steps = ctx.to_scalar(ctx.dim(ids, 0))
+    beam = ctx.to_scalar(ctx.dim(ids, 2))
+    start = ctx.node("Range", [ctx.scalar(0, "int64"), beam, ctx.scalar(1, "int64")])
+    start = ctx.node("Expand", [ctx.cast(start, dtype), ctx.shape(ids, 1, 3)])
+
+    body = _subgraph(ctx, "backtrack")
+    step = _graph_input(body, "step", "int64", scalar=True)
+    cond_in = _graph_input(body, "cond", "bool", scalar=True)
+    beams = _graph_input(body, "beams", dtype)
+    t = body.node("Sub", [body.node("Sub", [steps, step]), body.scalar(1, "int64")])
+    picked = body.node("GatherElements", [body.node("Gather", [ids, t], axis=0), beams], axis=1)
+    parent = body.node("GatherElements", [body.node("Gather", [parents, t], axis=0), beams], axis=1)
+    cond_out = body.node("Identity", [cond_in])
+    _set_graph_outputs(body, [Value(cond_out, "bool"), Value(parent, dtype), Value(picked, dtype)])
+    _, backwards = ctx.node("Loop", [steps, "", start], outputs=2, body=body.graph.to_proto())
+    # last step first, as a [steps, batch, beam] tensor (also when no step ran)
+    backwards = ctx.reshape(backwards, ctx.shape(ids))
+    ends = ctx.ints([INT64_MIN])
+    forwards = ctx.node("Slice", [backwards, ctx.ints([-1]), ends, ctx.ints([0]), ctx.ints([-1])])
+    ctx.set_output("Out", forwards)

@@ -182,8 +182,12 @@ class Emitter:
         return self.shape(x, axis, axis + 1 if axis != -1 else None)
 
     def reshape(self, x: str, dims: Sequence[int] | str) -> str:
-        shape = dims if isinstance(dims, str) else self.ints(dims)
-        return self.node("Reshape", [x, shape])
+        """x reshaped to `dims`: ints (0 copies x's dim, -1 is inferred: Fluid's and ONNX's
+        rule) or a run-time int64 shape tensor, whose 0s are sizes (allowzero, opset 14+;
+        opset 13 reads them as copies, which differs only where a size is 0)."""
+        if isinstance(dims, str):
+            return self.node("Reshape", [x, dims], allowzero=1 if self.opset >= 14 else None)
+        return self.node("Reshape", [x, self.ints(dims)])
 
     def unsqueeze(self, x: str, axes: Sequence[int]) -> str:
         return self.node("Unsqueeze", [x, self.ints(axes)])

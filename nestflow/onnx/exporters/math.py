@@ -135,7 +135,8 @@ def mul(ctx: OpContext) -> None:
     x, y = ctx.input("X"), ctx.input("Y")
     x_var, y_var = ctx.in_var("X"), ctx.in_var("Y")
     xn, yn = ctx.attrs["x_num_col_dims"], ctx.attrs["y_num_col_dims"]
-    if (x_var.ndim, y_var.ndim, xn, yn) == (2, 2, 1, 1):
+    if y_var.ndim == 2 and yn == 1 and xn == x_var.ndim - 1:
+        # X [..., K] @ Y [K, N] is already [..., N]: MatMul broadcasts the leading dims
         ctx.set_output("Out", ctx.node("MatMul", [x, y]))
         return
     x2 = x if (x_var.ndim, xn) == (2, 1) else ctx.node("Flatten", [x], axis=xn)
