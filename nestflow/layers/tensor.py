@@ -74,35 +74,78 @@ def reduce_sum(input: VarDesc, dim=None, keep_dim: bool = False, name=None) -> V
 
 
 def reduce_mean(input: VarDesc, dim=None, keep_dim: bool = False, name=None) -> VarDesc:
-    """The mean of a floating-point `input` over `dim` (None: every dim)."""
+    """The mean of a floating-point `input` over `dim` (None: every dim).
+
+    >>> x = nf.data("x", [2, 3])
+    >>> feed = {"x": np.array([[1, 2, 3], [4, 5, 6]], "float32")}
+    >>> out = nf.layers.reduce_mean(x, dim=1)
+    >>> nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[out])[0]
+    array([2., 5.], dtype=float32)
+    """
     return _reduce("reduce_mean", input, dim, keep_dim, name)
 
 
 def reduce_max(input: VarDesc, dim=None, keep_dim: bool = False, name=None) -> VarDesc:
     """The largest element over `dim` (None: every dim); its gradient goes to the maximal
-    positions, split evenly between ties. ShapeError when reducing an empty dim."""
+    positions, split evenly between ties. ShapeError when reducing an empty dim.
+
+    >>> x = nf.data("x", [2, 3])
+    >>> feed = {"x": np.array([[1, 2, 3], [4, 5, 6]], "float32")}
+    >>> out = nf.layers.reduce_max(x, dim=0)
+    >>> nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[out])[0]
+    array([4., 5., 6.], dtype=float32)
+    """
     return _reduce("reduce_max", input, dim, keep_dim, name)
 
 
 def reduce_min(input: VarDesc, dim=None, keep_dim: bool = False, name=None) -> VarDesc:
-    """The smallest element over `dim` (None: every dim); gradient as reduce_max's."""
+    """The smallest element over `dim` (None: every dim); gradient as reduce_max's.
+
+    >>> x = nf.data("x", [2, 3])
+    >>> feed = {"x": np.array([[1, 2, 3], [4, 5, 6]], "float32")}
+    >>> out = nf.layers.reduce_min(x, dim=1, keep_dim=True)
+    >>> nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[out])[0]
+    array([[1.],
+           [4.]], dtype=float32)
+    """
     return _reduce("reduce_min", input, dim, keep_dim, name)
 
 
 def reduce_prod(input: VarDesc, dim=None, keep_dim: bool = False, name=None) -> VarDesc:
-    """The product over `dim` (None: every dim); its gradient is exact with zeros."""
+    """The product over `dim` (None: every dim); its gradient is exact with zeros.
+
+    >>> x = nf.data("x", [2, 3])
+    >>> feed = {"x": np.array([[1, 2, 3], [4, 5, 6]], "float32")}
+    >>> out = nf.layers.reduce_prod(x, dim=1)
+    >>> nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[out])[0]
+    array([  6., 120.], dtype=float32)
+    """
     return _reduce("reduce_prod", input, dim, keep_dim, name)
 
 
 def reduce_all(input: VarDesc, dim=None, keep_dim: bool = False, name=None) -> VarDesc:
-    """Whether every element of a bool `input` over `dim` is True (None: every dim)."""
+    """Whether every element of a bool `input` over `dim` is True (None: every dim).
+
+    >>> b = nf.data("b", [2, 2], "bool")
+    >>> out = nf.layers.reduce_all(b, dim=1)
+    >>> nf.Executor(nf.CPUPlace()).run(feed={"b": np.array([[True, True], [True, False]])},
+    ...     fetch_list=[out])[0]
+    array([ True, False])
+    """
     out = _reduce("reduce_all", input, dim, keep_dim, name)
     out.stop_gradient = True
     return out
 
 
 def reduce_any(input: VarDesc, dim=None, keep_dim: bool = False, name=None) -> VarDesc:
-    """Whether any element of a bool `input` over `dim` is True (None: every dim)."""
+    """Whether any element of a bool `input` over `dim` is True (None: every dim).
+
+    >>> b = nf.data("b", [2, 2], "bool")
+    >>> out = nf.layers.reduce_any(b, dim=1)
+    >>> nf.Executor(nf.CPUPlace()).run(feed={"b": np.array([[False, False], [True, False]])},
+    ...     fetch_list=[out])[0]
+    array([False,  True])
+    """
     out = _reduce("reduce_any", input, dim, keep_dim, name)
     out.stop_gradient = True
     return out
@@ -124,7 +167,14 @@ def argmax(x: VarDesc, axis: int = 0) -> VarDesc:
 
 
 def argmin(x: VarDesc, axis: int = 0) -> VarDesc:
-    """int64 positions of the smallest elements along `axis` (that dim removed)."""
+    """int64 positions of the smallest elements along `axis` (that dim removed).
+
+    >>> x = nf.data("x", [2, 3])
+    >>> feed = {"x": np.array([[1, 2, 3], [4, 5, 6]], "float32")}
+    >>> out = nf.layers.argmin(x, axis=1)
+    >>> nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[out])[0]
+    array([0, 0])
+    """
     attrs = {"axis": as_int(axis, "argmin: axis")}
     return append_op("arg_min", {"X": x}, attrs, stop_gradient=True)
 
@@ -176,13 +226,30 @@ def gather(input: VarDesc, index: VarDesc, overwrite: bool = True) -> VarDesc:
     """Rows of `input` picked by int `index` [N] (or [N, 1]): shape [N] + input.shape[1:].
     With `overwrite` (Fluid's default) a row picked twice gets only its last pick's gradient;
     pass overwrite=False to add them. An index outside the rows is an ExecutionError at run
-    time naming it."""
+    time naming it.
+
+    >>> x = nf.data("x", [2, 3])
+    >>> feed = {"x": np.array([[1, 2, 3], [4, 5, 6]], "float32")}
+    >>> index = nf.layers.assign(np.array([1, 0], "int64"))
+    >>> out = nf.layers.gather(x, index)
+    >>> nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[out])[0]
+    array([[4., 5., 6.],
+           [1., 2., 3.]], dtype=float32)
+    """
     return append_op("gather", {"X": input, "Index": index}, {"overwrite": bool(overwrite)})
 
 
 def gather_nd(input: VarDesc, index: VarDesc, name=None) -> VarDesc:
     """`input` at the coordinates in the last dim of int `index` [..., k]: shape
-    index.shape[:-1] + input.shape[k:]."""
+    index.shape[:-1] + input.shape[k:].
+
+    >>> x = nf.data("x", [2, 3])
+    >>> feed = {"x": np.array([[1, 2, 3], [4, 5, 6]], "float32")}
+    >>> index = nf.layers.assign(np.array([[0, 2], [1, 1]], "int64"))
+    >>> out = nf.layers.gather_nd(x, index)
+    >>> nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[out])[0]
+    array([3., 5.], dtype=float32)
+    """
     return append_op("gather_nd", {"X": input, "Index": index}, name=name)
 
 
@@ -191,7 +258,17 @@ def scatter(
 ) -> VarDesc:
     """A copy of `input` whose rows `index` [N] are replaced by the rows of `updates`
     [N, ...]; with overwrite=False the named rows are zeroed and the updates added (repeated
-    indexes accumulate)."""
+    indexes accumulate).
+
+    >>> x = nf.data("x", [2, 3])
+    >>> feed = {"x": np.array([[1, 2, 3], [4, 5, 6]], "float32")}
+    >>> index = nf.layers.assign(np.array([1], "int64"))
+    >>> updates = nf.layers.fill_constant([1, 3], "float32", 0.0)
+    >>> out = nf.layers.scatter(x, index, updates)
+    >>> nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[out])[0]
+    array([[1., 2., 3.],
+           [0., 0., 0.]], dtype=float32)
+    """
     inputs = {"X": input, "Ids": index, "Updates": updates}
     return append_op("scatter", inputs, {"overwrite": bool(overwrite)}, name=name)
 
@@ -200,7 +277,14 @@ def one_hot(input: VarDesc, depth, allow_out_of_range: bool = False) -> VarDesc:
     """float32 one-hot rows for int ids of any shape: shape input.shape + [depth] (Fluid 1.8's
     one_hot_v2; its `one_hot` layer wanted ids [..., 1]). `depth` is an int or a 1-element
     int variable. An id outside [0, depth) is an ExecutionError naming it, or an all-zero
-    row with `allow_out_of_range`."""
+    row with `allow_out_of_range`.
+
+    >>> ids = nf.data("ids", [-1], "int64")
+    >>> out = nf.layers.one_hot(ids, depth=3)
+    >>> nf.Executor(nf.CPUPlace()).run(feed={"ids": np.array([2, 0])}, fetch_list=[out])[0]
+    array([[0., 0., 1.],
+           [1., 0., 0.]], dtype=float32)
+    """
     inputs: dict[str, Any] = {"X": input}
     attrs: dict[str, Any] = {"allow_out_of_range": bool(allow_out_of_range)}
     if isinstance(depth, VarDesc):
@@ -214,7 +298,15 @@ def one_hot(input: VarDesc, depth, allow_out_of_range: bool = False) -> VarDesc:
 
 
 def pad(x: VarDesc, paddings: Sequence[int], pad_value: float = 0.0, name=None) -> VarDesc:
-    """`x` padded with `pad_value`: paddings [before_0, after_0, before_1, ...], 2 per dim."""
+    """`x` padded with `pad_value`: paddings [before_0, after_0, before_1, ...], 2 per dim.
+
+    >>> x = nf.data("x", [2, 3])
+    >>> feed = {"x": np.array([[1, 2, 3], [4, 5, 6]], "float32")}
+    >>> out = nf.layers.pad(x, paddings=[0, 0, 1, 0])
+    >>> nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[out])[0]
+    array([[0., 1., 2., 3.],
+           [0., 4., 5., 6.]], dtype=float32)
+    """
     attrs = {
         "paddings": _ints(paddings, "pad: paddings"),
         "pad_value": as_float(pad_value, "pad: pad_value"),
@@ -223,28 +315,48 @@ def pad(x: VarDesc, paddings: Sequence[int], pad_value: float = 0.0, name=None) 
 
 
 def expand(x: VarDesc, expand_times: Sequence[int], name=None) -> VarDesc:
-    """`x` tiled expand_times[i] times along each dim i (one number per dim)."""
+    """`x` tiled expand_times[i] times along each dim i (one number per dim).
+
+    >>> x = nf.data("x", [2, 3])
+    >>> nf.layers.expand(x, expand_times=[2, 1]).shape
+    (4, 3)
+    """
     attrs = {"expand_times": _ints(expand_times, "expand: expand_times")}
     return append_op("expand", {"X": x}, attrs, name=name)
 
 
 def squeeze(input: VarDesc, axes: Sequence[int], name=None) -> VarDesc:
     """`input` without the dims of size 1 listed in `axes` (every dim of 1 when empty); a
-    listed dim of another size is kept, as in Fluid 1.8."""
+    listed dim of another size is kept, as in Fluid 1.8.
+
+    >>> x = nf.data("x", [2, 1, 3])
+    >>> nf.layers.squeeze(x, axes=[1]).shape
+    (2, 3)
+    """
     attrs = {"axes": _ints(axes, "squeeze: axes")}
     out, _ = append_op("squeeze2", {"X": input}, attrs, outputs=("Out", "XShape"), name=name)
     return out
 
 
 def unsqueeze(input: VarDesc, axes, name=None) -> VarDesc:
-    """`input` with a dim of 1 inserted at each of `axes` (an int or list) in turn."""
+    """`input` with a dim of 1 inserted at each of `axes` (an int or list) in turn.
+
+    >>> x = nf.data("x", [2, 3])
+    >>> nf.layers.unsqueeze(x, axes=[0]).shape
+    (1, 2, 3)
+    """
     attrs = {"axes": _ints(axes, "unsqueeze: axes")}
     out, _ = append_op("unsqueeze2", {"X": input}, attrs, outputs=("Out", "XShape"), name=name)
     return out
 
 
 def stack(x, axis: int = 0, name=None) -> VarDesc:
-    """The variables of `x` (one shape and dtype) stacked along a new dim `axis`."""
+    """The variables of `x` (one shape and dtype) stacked along a new dim `axis`.
+
+    >>> a, b = nf.data("a", [-1, 3]), nf.data("b", [-1, 3])
+    >>> nf.layers.stack([a, b], axis=1).shape
+    (-1, 2, 3)
+    """
     items = [x] if isinstance(x, VarDesc) else list(x)
     attrs = {"axis": as_int(axis, "stack: axis")}
     return append_op("stack", {"X": items}, attrs, outputs=("Y",), name=name)
@@ -252,7 +364,12 @@ def stack(x, axis: int = 0, name=None) -> VarDesc:
 
 def unstack(x: VarDesc, axis: int = 0, num: int | None = None) -> list[VarDesc]:
     """The slices of `x` along `axis`, each without that dim; `num` defaults to the dim's
-    size, which must then be known."""
+    size, which must then be known.
+
+    >>> x = nf.data("x", [2, 3])
+    >>> [v.shape for v in nf.layers.unstack(x, axis=1)]
+    [(2,), (2,), (2,)]
+    """
     axis = as_int(axis, "unstack: axis")
     if not -x.ndim <= axis < x.ndim:
         raise ShapeError(f"unstack: axis {axis} is out of range for '{x.name}' {list(x.shape)}")
@@ -268,7 +385,15 @@ def unstack(x: VarDesc, axis: int = 0, num: int | None = None) -> list[VarDesc]:
 
 def cumsum(x: VarDesc, axis: int | None = None, exclusive=None, reverse=None) -> VarDesc:
     """Running sums along `axis` (None: the last); `exclusive` leaves each element out of its
-    own sum; `reverse` sums from the end."""
+    own sum; `reverse` sums from the end.
+
+    >>> x = nf.data("x", [2, 3])
+    >>> feed = {"x": np.array([[1, 2, 3], [4, 5, 6]], "float32")}
+    >>> out = nf.layers.cumsum(x, axis=1)
+    >>> nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[out])[0]
+    array([[ 1.,  3.,  6.],
+           [ 4.,  9., 15.]], dtype=float32)
+    """
     attrs: dict[str, Any] = {}
     if axis is not None:
         attrs["axis"] = as_int(axis, "cumsum: axis")
@@ -311,7 +436,14 @@ def range(start, end, step, dtype, name=None) -> VarDesc:
 
 
 def shape(input: VarDesc) -> VarDesc:
-    """The shape of `input` at run time, an int32 vector [rank]."""
+    """The shape of `input` at run time, an int32 vector [rank].
+
+    >>> x = nf.data("x", [2, 3])
+    >>> feed = {"x": np.array([[1, 2, 3], [4, 5, 6]], "float32")}
+    >>> out = nf.layers.shape(x)
+    >>> nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[out])[0]
+    array([2, 3], dtype=int32)
+    """
     return append_op("shape", {"Input": input}, stop_gradient=True)
 
 
@@ -325,7 +457,14 @@ def fill_constant_batch_size_like(
     force_cpu: bool = False,
 ) -> VarDesc:
     """`value` in `shape`, whose dim `output_dim_idx` is the run-time size of `input`'s dim
-    `input_dim_idx` (e.g. zeros of the batch size of `input`)."""
+    `input_dim_idx` (e.g. zeros of the batch size of `input`).
+
+    >>> x = nf.data("x", [-1, 3])
+    >>> out = nf.layers.fill_constant_batch_size_like(x, [-1, 2], "float32", 1.0)
+    >>> nf.Executor(nf.CPUPlace()).run(feed={"x": np.zeros((4, 3), "float32")},
+    ...     fetch_list=[out])[0].shape
+    (4, 2)
+    """
     attrs = {
         "shape": _ints(shape, "fill_constant_batch_size_like: shape"),
         "dtype": dtype_name(dtype),
@@ -345,7 +484,15 @@ def strided_slice(
     strides: Sequence[int],
 ) -> VarDesc:
     """input[starts:ends:strides] along each of `axes` (Python slicing; as in Fluid an end of
-    -1 with a negative stride runs through index 0)."""
+    -1 with a negative stride runs through index 0).
+
+    >>> x = nf.data("x", [2, 3])
+    >>> feed = {"x": np.array([[1, 2, 3], [4, 5, 6]], "float32")}
+    >>> out = nf.layers.strided_slice(x, axes=[1], starts=[0], ends=[3], strides=[2])
+    >>> nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[out])[0]
+    array([[1., 3.],
+           [4., 6.]], dtype=float32)
+    """
     attrs = {
         "axes": _ints(axes, "strided_slice: axes"),
         "starts": _ints(starts, "strided_slice: starts"),
