@@ -117,59 +117,19 @@ def _rows_mask(em: Emitter, active: str, rank: int) -> str:
 @exports("recurrent")
 def recurrent(ctx: OpContext) -> None:
     a = ctx.attrs
-    step_block = a["sub_block"]
-    memories, updates, outs = a["memories"], a["updates"], a["step_outputs"]
+    memories, outs = a["memories"], a["step_outputs"]
     in_names = ctx.op.input("Inputs")
     if not in_names:
         raise ctx.unsupported("the step reads no sequence (no step input)")
     sequences = [ctx.lookup(name, ctx.op) for name in in_names]
     steps = ctx.to_scalar(ctx.dim(sequences[0].name, 1))
-    lengths = ctx.input("Lengths")
-    if lengths is not None and ctx.in_var("Lengths").dtype != "int64":
-        lengths = ctx.cast(lengths, "int64")
     boots = []
     for i, boot_name in enumerate(ctx.op.input("Boots")):
         boot = ctx.lookup(boot_name, ctx.op)
         if ctx.in_var("Boots", i).ndim == 0:  # a 0-d initial value is one row
             boot = Value(ctx.reshape(boot.name, [1]), boot.dtype)
         boots.append(boot)
-
-    body = _subgraph(ctx, "step")
-    step = _graph_input(body, "step", "int64", scalar=True)
-    cond_in = _graph_input(body, "cond", "bool", scalar=True)
-    memory_inputs = []
-    for name, boot in zip(memories, boots):
-        memory_inputs.append(body.bind(name, _graph_input(body, name, boot.dtype), boot.dtype))
-    for name, seq in zip(in_names, sequences):
-        body.bind(name, body.node("Gather", [seq.name, step], axis=1), seq.dtype)
-    ctx.model.convert_block(step_block, body.graph, body.env)
-
-    active = body.node("Less", [step, lengths]) if lengths is not None else None
-    new_memories = []
-    for name, update, old in zip(memories, updates, memory_inputs):
-        new = body.lookup(update, ctx.op)
-        if active is not None:
-            rank = max(step_block.find_var(name).ndim, 1)
-            kept = body.node("Where", [_rows_mask(body, active, rank), new.name, old.name])
-            new = Value(kept, new.dtype)
-        new_memories.append(new)
-    scans, ranks = [], []
-    for name in outs:
-        value = body.lookup(name, ctx.op)
-        rank = step_block.find_var(name).ndim
-        if rank == 0:  # a 0-d step value is one row
-            value, rank = Value(body.reshape(value.name, [1]), value.dtype), 1
-        if active is not None:
-            zero = body.scalar(0, value.dtype)
-            value = Value(
-                body.node("Where", [_rows_mask(body, active, rank), value.name, zero]),
-                value.dtype,
-            )
-        scans.append(value)
-        ranks.append(rank)
-    cond_out = Value(body.node("Identity", [cond_in]), "bool")
-    _set_graph_outputs(body, [cond_out, *new_memories, *scans])
-
+    body, ranks = _step_body(ctx, in_names, sequences, boots)
     results = ctx.node(
         "Loop",
         [steps, "", *(b.name for b in boots)],
@@ -179,19 +139,66 @@ def recurrent(ctx: OpContext) -> None:
     results = [results] if isinstance(results, str) else results
     for i in range(len(memories)):
         ctx.set_output("FinalMemories", results[i], i)
+    batch = ctx.dim(sequences[0].name, 0)
     for i, (name, rank) in enumerate(zip(outs, ranks)):
-        stacked = results[len(memories) + i]  # [time, batch, ...]
-        tail = step_block.find_var(name).shape[1:]
-        if len(tail) == rank - 1 and all(d >= 0 for d in tail):
-            # A Loop that ran no step gives a [0] scan output: shaped [0, batch, ...] here
-            # (a no-op otherwise), as nestflow gives when the row shape is known.
-            lead = ctx.node(
-                "Concat", [ctx.reshape(steps, [1]), ctx.dim(sequences[0].name, 0)], axis=0
-            )
-            shape = ctx.node("Concat", [lead, ctx.ints(tail)], axis=0) if tail else lead
-            stacked = ctx.reshape(stacked, shape)
-        perm = [1, 0, *range(2, rank + 1)]
-        ctx.set_output("Outputs", ctx.node("Transpose", [stacked], perm=perm), i)
+        stacked = results[len(memories) + i]
+        ctx.set_output("Outputs", _batch_major(ctx, stacked, name, rank, steps, batch), i)
+
+
+def _step_body(ctx: OpContext, in_names, sequences, boots) -> tuple[Emitter, list[int]]:
+    """The Loop body of a recurrent op: (step, cond, memories...) -> (cond, new memories...,
+    step outputs...), rows past their length keeping their memory and giving zeros. Returns
+    it with the rank of each step output."""
+    a = ctx.attrs
+    step_block = a["sub_block"]
+    body = _subgraph(ctx, "step")
+    step = _graph_input(body, "step", "int64", scalar=True)
+    cond_in = _graph_input(body, "cond", "bool", scalar=True)
+    olds = [
+        body.bind(name, _graph_input(body, name, boot.dtype), boot.dtype)
+        for name, boot in zip(a["memories"], boots)
+    ]
+    for name, seq in zip(in_names, sequences):
+        body.bind(name, body.node("Gather", [seq.name, step], axis=1), seq.dtype)
+    ctx.model.convert_block(step_block, body.graph, body.env)
+
+    lengths = ctx.input("Lengths")
+    if lengths is not None and ctx.in_var("Lengths").dtype != "int64":
+        lengths = ctx.cast(lengths, "int64")
+    active = body.node("Less", [step, lengths]) if lengths is not None else None
+
+    def masked(value: Value, rank: int, otherwise: str) -> Value:
+        if active is None:
+            return value
+        rows = _rows_mask(body, active, rank)
+        return Value(body.node("Where", [rows, value.name, otherwise]), value.dtype)
+
+    news = []
+    for name, update, old in zip(a["memories"], a["updates"], olds):
+        rank = max(step_block.find_var(name).ndim, 1)
+        news.append(masked(body.lookup(update, ctx.op), rank, old.name))
+    scans, ranks = [], []
+    for name in a["step_outputs"]:
+        value = body.lookup(name, ctx.op)
+        rank = step_block.find_var(name).ndim
+        if rank == 0:  # a 0-d step value is one row
+            value, rank = Value(body.reshape(value.name, [1]), value.dtype), 1
+        scans.append(masked(value, rank, body.scalar(0, value.dtype)))
+        ranks.append(rank)
+    cond_out = Value(body.node("Identity", [cond_in]), "bool")
+    _set_graph_outputs(body, [cond_out, *news, *scans])
+    return body, ranks
+
+
+def _batch_major(ctx: OpContext, stacked: str, name: str, rank: int, steps: str, batch: str):
+    """A scan output [time, batch, ...] as [batch, time, ...]. A Loop that ran no step gives
+    a [0] scan output: it is shaped [0, batch, ...] first (a no-op otherwise) when the step
+    output's row shape is known, as nestflow then gives."""
+    tail = ctx.attrs["sub_block"].find_var(name).shape[1:]
+    if len(tail) == rank - 1 and all(d >= 0 for d in tail):
+        parts = [ctx.reshape(steps, [1]), batch] + ([ctx.ints(tail)] if tail else [])
+        stacked = ctx.reshape(stacked, ctx.node("Concat", parts, axis=0))
+    return ctx.node("Transpose", [stacked], perm=[1, 0, *range(2, rank + 1)])
 
 
 # ---- while ----
