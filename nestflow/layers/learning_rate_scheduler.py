@@ -84,21 +84,42 @@ def _schedule(op_type: str, learning_rate: Any, dtype: Any, **attrs: Any) -> Var
 
 def exponential_decay(learning_rate, decay_steps, decay_rate, staircase=False, *, dtype=None):
     """learning_rate * decay_rate ^ (step / decay_steps), the exponent floored when
-    `staircase`. AttrError for decay_steps <= 0."""
+    `staircase`. AttrError for decay_steps <= 0.
+
+    >>> lr = nf.layers.exponential_decay(0.1, decay_steps=1, decay_rate=0.5)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> [round(float(exe.run(fetch_list=[lr])[0][0]), 4) for _ in range(3)]
+    [0.1, 0.05, 0.025]
+    """
     attrs = {"decay_steps": decay_steps, "decay_rate": decay_rate, "staircase": bool(staircase)}
     return _schedule("exponential_decay", learning_rate, dtype, **attrs)
 
 
 def natural_exp_decay(learning_rate, decay_steps, decay_rate, staircase=False, *, dtype=None):
     """learning_rate * exp(-decay_rate * step / decay_steps), the ratio floored when
-    `staircase`."""
+    `staircase`.
+
+    >>> lr = nf.layers.natural_exp_decay(0.1, decay_steps=1, decay_rate=1.0)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> [round(float(exe.run(fetch_list=[lr])[0][0]), 4) for _ in range(3)]
+    [0.1, 0.0368, 0.0135]
+    """
     attrs = {"decay_steps": decay_steps, "decay_rate": decay_rate, "staircase": bool(staircase)}
     return _schedule("natural_exp_decay", learning_rate, dtype, **attrs)
 
 
 def inverse_time_decay(learning_rate, decay_steps, decay_rate, staircase=False, *, dtype=None):
     """learning_rate / (1 + decay_rate * step / decay_steps), the ratio floored when
-    `staircase`."""
+    `staircase`.
+
+    >>> lr = nf.layers.inverse_time_decay(0.1, decay_steps=1, decay_rate=1.0)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> [round(float(exe.run(fetch_list=[lr])[0][0]), 4) for _ in range(3)]
+    [0.1, 0.05, 0.0333]
+    """
     attrs = {"decay_steps": decay_steps, "decay_rate": decay_rate, "staircase": bool(staircase)}
     return _schedule("inverse_time_decay", learning_rate, dtype, **attrs)
 
@@ -108,7 +129,14 @@ def polynomial_decay(
 ):
     """(learning_rate - end_learning_rate) * (1 - step / decay_steps) ^ power +
     end_learning_rate, the step held at decay_steps; with `cycle` the decay restarts, over
-    decay_steps * ceil(step / decay_steps) steps."""
+    decay_steps * ceil(step / decay_steps) steps.
+
+    >>> lr = nf.layers.polynomial_decay(0.1, decay_steps=2, end_learning_rate=0.0)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> [round(float(exe.run(fetch_list=[lr])[0][0]), 4) for _ in range(3)]
+    [0.1, 0.05, 0.0]
+    """
     attrs = {
         "decay_steps": decay_steps,
         "end_learning_rate": end_learning_rate,
@@ -121,7 +149,14 @@ def polynomial_decay(
 def piecewise_decay(boundaries, values, *, dtype=None):
     """values[i] while step < boundaries[i] (and after boundaries[i - 1]), values[-1] from the
     last boundary on. `boundaries` must increase strictly and `values` have one more entry
-    (AttrError otherwise)."""
+    (AttrError otherwise).
+
+    >>> lr = nf.layers.piecewise_decay(boundaries=[1, 2], values=[0.1, 0.01, 0.001])
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> [round(float(exe.run(fetch_list=[lr])[0][0]), 4) for _ in range(3)]
+    [0.1, 0.01, 0.001]
+    """
     if not isinstance(boundaries, (list, tuple)) or not isinstance(values, (list, tuple)):
         raise AttrError(
             f"piecewise_decay: boundaries and values must be lists, got {boundaries!r} and "
@@ -138,20 +173,41 @@ def piecewise_decay(boundaries, values, *, dtype=None):
 
 def cosine_decay(learning_rate, step_each_epoch, epochs, *, dtype=None):
     """learning_rate * 0.5 * (cos(epoch * pi / epochs) + 1), epoch = floor(step /
-    step_each_epoch)."""
+    step_each_epoch).
+
+    >>> lr = nf.layers.cosine_decay(0.1, step_each_epoch=1, epochs=2)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> [round(float(exe.run(fetch_list=[lr])[0][0]), 4) for _ in range(3)]
+    [0.1, 0.05, 0.0]
+    """
     attrs = {"step_each_epoch": step_each_epoch, "epochs": epochs}
     return _schedule("cosine_decay", learning_rate, dtype, **attrs)
 
 
 def noam_decay(d_model, warmup_steps, learning_rate=1.0, *, dtype=None):
     """learning_rate * d_model^-0.5 * min(n^-0.5, warmup_steps^-1.5 * n), n = step + 1 (the
-    Transformer's schedule; Fluid's noam counts from 1)."""
+    Transformer's schedule; Fluid's noam counts from 1).
+
+    >>> lr = nf.layers.noam_decay(d_model=4, warmup_steps=2)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> [round(float(exe.run(fetch_list=[lr])[0][0]), 4) for _ in range(3)]
+    [0.1768, 0.3536, 0.2887]
+    """
     attrs = {"d_model": d_model, "warmup_steps": warmup_steps}
     return _schedule("noam_decay", learning_rate, dtype, **attrs)
 
 
 def linear_lr_warmup(learning_rate, warmup_steps, start_lr, end_lr, *, dtype=None):
     """start_lr + (end_lr - start_lr) * step / warmup_steps while step < warmup_steps, then
-    learning_rate (a number or another schedule's variable, evaluated at the same step)."""
+    learning_rate (a number or another schedule's variable, evaluated at the same step).
+
+    >>> lr = nf.layers.linear_lr_warmup(0.1, warmup_steps=2, start_lr=0.0, end_lr=0.1)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> [round(float(exe.run(fetch_list=[lr])[0][0]), 4) for _ in range(3)]
+    [0.0, 0.05, 0.1]
+    """
     attrs = {"warmup_steps": warmup_steps, "start_lr": start_lr, "end_lr": end_lr}
     return _schedule("linear_lr_warmup", learning_rate, dtype, **attrs)
