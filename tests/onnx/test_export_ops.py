@@ -36,6 +36,12 @@ def _images(c=3, h=6, w=6):
     return Feed([-1, c, h, w])
 
 
+def _pool(name, kind, chw=(3, 7, 7), **attrs):
+    return OpExport(
+        "pool2d", {"X": _images(*chw)}, {"pooling_type": kind, **attrs}, id=f"pool2d-{name}"
+    )
+
+
 def _filter(m, c, kh, kw):
     return Param(R.normal(size=(m, c, kh, kw)).astype("f4"))
 
@@ -567,88 +573,31 @@ CASES = [
         {"groups": 3},
         outputs={"Output": 1},
     ),
-    OpExport(
-        "pool2d",
-        {"X": _images(3, 7, 7)},
-        {"pooling_type": "max", "ksize": [3, 3], "strides": [2, 2], "paddings": [1, 1]},
+    _pool("max", "max", ksize=[3, 3], strides=[2, 2], paddings=[1, 1]),
+    _pool("avg-exclusive", "avg", ksize=[3, 3], strides=[2, 2], paddings=[1, 1]),
+    _pool("avg-inclusive", "avg", ksize=[3, 3], strides=[2, 2], paddings=[1, 1], exclusive=False),
+    _pool("max-ceil", "max", (3, 8, 7), ksize=[3, 2], strides=[2, 2], ceil_mode=True),
+    _pool(
+        "avg-ceil", "avg", (3, 8, 7), ksize=[3, 2], strides=[2, 2], ceil_mode=True, paddings=[1, 0]
     ),
-    OpExport(
-        "pool2d",
-        {"X": _images(3, 7, 7)},
-        {"pooling_type": "avg", "ksize": [3, 3], "strides": [2, 2], "paddings": [1, 1]},
-        id="pool2d-avg-exclusive",
+    _pool(
+        "avg-ceil-inclusive",
+        "avg",
+        (3, 8, 7),
+        ksize=[3, 2],
+        strides=[2, 2],
+        ceil_mode=True,
+        exclusive=False,
     ),
-    OpExport(
-        "pool2d",
-        {"X": _images(3, 7, 7)},
-        {
-            "pooling_type": "avg",
-            "ksize": [3, 3],
-            "strides": [2, 2],
-            "paddings": [1, 1],
-            "exclusive": False,
-        },
-        id="pool2d-avg-inclusive",
-    ),
-    OpExport(
-        "pool2d",
-        {"X": _images(3, 8, 7)},
-        {"pooling_type": "max", "ksize": [3, 2], "strides": [2, 2], "ceil_mode": True},
-        id="pool2d-max-ceil",
-    ),
-    OpExport(
-        "pool2d",
-        {"X": _images(3, 8, 7)},
-        {
-            "pooling_type": "avg",
-            "ksize": [3, 2],
-            "strides": [2, 2],
-            "ceil_mode": True,
-            "paddings": [1, 0],
-        },
-        id="pool2d-avg-ceil",
-    ),
-    OpExport(
-        "pool2d",
-        {"X": _images(3, 8, 7)},
-        {
-            "pooling_type": "avg",
-            "ksize": [3, 2],
-            "strides": [2, 2],
-            "ceil_mode": True,
-            "exclusive": False,
-        },
-        id="pool2d-avg-ceil-inclusive",
-    ),
-    OpExport(
-        "pool2d",
-        {"X": _images(3, 7, 7)},
-        {"pooling_type": "max", "ksize": [3, 3], "padding_algorithm": "SAME", "strides": [2, 2]},
-        id="pool2d-same",
-    ),
-    OpExport(
-        "pool2d",
-        {"X": _images(3, 7, 6)},
-        {"pooling_type": "avg", "ksize": [1, 1], "global_pooling": True},
-        id="pool2d-global-avg",
-    ),
+    _pool("same", "max", ksize=[3, 3], padding_algorithm="SAME", strides=[2, 2]),
+    _pool("global-avg", "avg", (3, 7, 6), ksize=[1, 1], global_pooling=True),
+    _pool("adaptive-divides", "max", (3, 6, 6), ksize=[2, 3], adaptive=True),
+    _pool("adaptive-uneven", "avg", (3, 7, 5), ksize=[3, 2], adaptive=True),
     OpExport(
         "pool2d",
         {"X": Feed([-1, 5, 6, 3])},
         {"pooling_type": "max", "ksize": [1, 1], "global_pooling": True, "data_format": "NHWC"},
         id="pool2d-global-max-nhwc",
-    ),
-    OpExport(
-        "pool2d",
-        {"X": _images(3, 6, 6)},
-        {"pooling_type": "max", "ksize": [2, 3], "adaptive": True},
-        id="pool2d-adaptive-divides",
-    ),
-    OpExport(
-        "pool2d",
-        {"X": _images(3, 7, 5)},
-        {"pooling_type": "avg", "ksize": [3, 2], "adaptive": True},
-        id="pool2d-adaptive-uneven",
     ),
     OpExport(
         "lrn",
