@@ -73,7 +73,15 @@ def _arguments(scope: dict[str, Any]) -> dict[str, Any]:
 
 class Optimizer:
     """Base class: `minimize` = `backward` (append_backward) + `apply_gradients` (clip,
-    regularization, update ops). Subclasses set `type` (an nestflow.executor.optimize rule)."""
+    regularization, update ops). Subclasses set `type` (an nestflow.executor.optimize rule).
+
+    >>> x = nf.data("x", [-1, 2])
+    >>> loss = nf.layers.mean(nf.layers.fc(x, 1))
+    >>> opt = nf.optimizer.Adam(learning_rate=0.01)
+    >>> ops, params_grads = opt.minimize(loss)
+    >>> sorted(p.name for p, _ in params_grads)
+    ['fc_0.b', 'fc_0.w']
+    """
 
     type = ""
 
@@ -166,7 +174,18 @@ class Optimizer:
 
 
 class SGD(Optimizer):
-    """param -= learning_rate * grad (torch.optim.SGD)."""
+    """param -= learning_rate * grad (torch.optim.SGD).
+
+    >>> x, y = nf.data("x", [-1, 2]), nf.data("y", [-1, 1])
+    >>> loss = nf.layers.mean(nf.layers.square_error_cost(nf.layers.fc(x, 1), y))
+    >>> _ = nf.optimizer.SGD(learning_rate=0.1).minimize(loss)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> feed = {"x": np.ones((4, 2), "float32"), "y": np.ones((4, 1), "float32")}
+    >>> losses = [float(exe.run(feed=feed, fetch_list=[loss])[0]) for _ in range(10)]
+    >>> losses[-1] < losses[0]
+    True
+    """
 
     type = "sgd"
 
@@ -185,7 +204,18 @@ class SGD(Optimizer):
 class Momentum(Optimizer):
     """torch.optim.SGD(momentum=mu, nesterov=use_nesterov): v = mu*v + g, then
     param -= lr * (g + mu*v) with Nesterov, else lr * v. Fluid's momentum op keeps the same
-    velocity (its lr * v step is equal)."""
+    velocity (its lr * v step is equal).
+
+    >>> x, y = nf.data("x", [-1, 2]), nf.data("y", [-1, 1])
+    >>> loss = nf.layers.mean(nf.layers.square_error_cost(nf.layers.fc(x, 1), y))
+    >>> _ = nf.optimizer.Momentum(learning_rate=0.1, momentum=0.9).minimize(loss)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> feed = {"x": np.ones((4, 2), "float32"), "y": np.ones((4, 1), "float32")}
+    >>> losses = [float(exe.run(feed=feed, fetch_list=[loss])[0]) for _ in range(10)]
+    >>> losses[-1] < losses[0]
+    True
+    """
 
     type = "momentum"
 
@@ -205,7 +235,18 @@ class Momentum(Optimizer):
 
 class Adagrad(Optimizer):
     """torch.optim.Adagrad (lr_decay 0) and Fluid's adagrad: moment += g^2;
-    param -= lr * g / (sqrt(moment) + epsilon); moment starts at initial_accumulator_value."""
+    param -= lr * g / (sqrt(moment) + epsilon); moment starts at initial_accumulator_value.
+
+    >>> x, y = nf.data("x", [-1, 2]), nf.data("y", [-1, 1])
+    >>> loss = nf.layers.mean(nf.layers.square_error_cost(nf.layers.fc(x, 1), y))
+    >>> _ = nf.optimizer.Adagrad(learning_rate=0.1).minimize(loss)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> feed = {"x": np.ones((4, 2), "float32"), "y": np.ones((4, 1), "float32")}
+    >>> losses = [float(exe.run(feed=feed, fetch_list=[loss])[0]) for _ in range(10)]
+    >>> losses[-1] < losses[0]
+    True
+    """
 
     type = "adagrad"
 
@@ -224,7 +265,18 @@ class Adagrad(Optimizer):
 
 
 class Adam(Optimizer):
-    """torch.optim.Adam (bias-corrected, no amsgrad); Fluid's adam is the same rule."""
+    """torch.optim.Adam (bias-corrected, no amsgrad); Fluid's adam is the same rule.
+
+    >>> x, y = nf.data("x", [-1, 2]), nf.data("y", [-1, 1])
+    >>> loss = nf.layers.mean(nf.layers.square_error_cost(nf.layers.fc(x, 1), y))
+    >>> _ = nf.optimizer.Adam(learning_rate=0.1).minimize(loss)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> feed = {"x": np.ones((4, 2), "float32"), "y": np.ones((4, 1), "float32")}
+    >>> losses = [float(exe.run(feed=feed, fetch_list=[loss])[0]) for _ in range(10)]
+    >>> losses[-1] < losses[0]
+    True
+    """
 
     type = "adam"
 
@@ -246,7 +298,18 @@ class Adam(Optimizer):
 class Adamax(Optimizer):
     """torch.optim.Adamax: m = b1*m + (1-b1)*g; u = max(b2*u, |g| + epsilon);
     param -= lr / (1 - b1^t) * m / u. Departure from Fluid's adamax op, which takes
-    max(b2*u + epsilon, |g|): torch's placement of epsilon governs."""
+    max(b2*u + epsilon, |g|): torch's placement of epsilon governs.
+
+    >>> x, y = nf.data("x", [-1, 2]), nf.data("y", [-1, 1])
+    >>> loss = nf.layers.mean(nf.layers.square_error_cost(nf.layers.fc(x, 1), y))
+    >>> _ = nf.optimizer.Adamax(learning_rate=0.1).minimize(loss)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> feed = {"x": np.ones((4, 2), "float32"), "y": np.ones((4, 1), "float32")}
+    >>> losses = [float(exe.run(feed=feed, fetch_list=[loss])[0]) for _ in range(10)]
+    >>> losses[-1] < losses[0]
+    True
+    """
 
     type = "adamax"
 
@@ -270,7 +333,18 @@ class RMSProp(Optimizer):
     ms = rho*ms + (1-rho)*g^2; avg = sqrt(ms - mg^2) + epsilon with `centered` (mg the moving
     average of g), else sqrt(ms) + epsilon; v = momentum*v + g/avg; param -= lr * v.
     Departure from Fluid's rmsprop op, which puts epsilon inside the square root and the
-    learning rate inside v: torch's rule governs."""
+    learning rate inside v: torch's rule governs.
+
+    >>> x, y = nf.data("x", [-1, 2]), nf.data("y", [-1, 1])
+    >>> loss = nf.layers.mean(nf.layers.square_error_cost(nf.layers.fc(x, 1), y))
+    >>> _ = nf.optimizer.RMSProp(learning_rate=0.01).minimize(loss)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> feed = {"x": np.ones((4, 2), "float32"), "y": np.ones((4, 1), "float32")}
+    >>> losses = [float(exe.run(feed=feed, fetch_list=[loss])[0]) for _ in range(10)]
+    >>> losses[-1] < losses[0]
+    True
+    """
 
     type = "rmsprop"
 
@@ -294,7 +368,18 @@ class Adadelta(Optimizer):
     """torch.optim.Adadelta: Eg2 = rho*Eg2 + (1-rho)*g^2;
     delta = sqrt(Edx2 + epsilon) / sqrt(Eg2 + epsilon) * g; Edx2 = rho*Edx2 + (1-rho)*delta^2;
     param -= learning_rate * delta. Departure from Fluid, whose adadelta ignores the learning
-    rate (learning_rate=1.0 gives Fluid's rule): torch's rule governs."""
+    rate (learning_rate=1.0 gives Fluid's rule): torch's rule governs.
+
+    >>> x, y = nf.data("x", [-1, 2]), nf.data("y", [-1, 1])
+    >>> loss = nf.layers.mean(nf.layers.square_error_cost(nf.layers.fc(x, 1), y))
+    >>> _ = nf.optimizer.Adadelta(learning_rate=1.0).minimize(loss)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> feed = {"x": np.ones((4, 2), "float32"), "y": np.ones((4, 1), "float32")}
+    >>> losses = [float(exe.run(feed=feed, fetch_list=[loss])[0]) for _ in range(10)]
+    >>> losses[-1] < losses[0]
+    True
+    """
 
     type = "adadelta"
 
@@ -315,7 +400,18 @@ class Adadelta(Optimizer):
 class AdamW(Optimizer):
     """torch.optim.AdamW: param *= 1 - lr * weight_decay (decoupled decay), then Adam's update.
     `apply_decay_param_fun(param_name) -> bool` (Paddle 2's) limits the decay to the
-    parameters it accepts. Fluid 1.8 has no AdamW; arguments follow paddle.optimizer.AdamW."""
+    parameters it accepts. Fluid 1.8 has no AdamW; arguments follow paddle.optimizer.AdamW.
+
+    >>> x, y = nf.data("x", [-1, 2]), nf.data("y", [-1, 1])
+    >>> loss = nf.layers.mean(nf.layers.square_error_cost(nf.layers.fc(x, 1), y))
+    >>> _ = nf.optimizer.AdamW(learning_rate=0.1, weight_decay=0.01).minimize(loss)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> feed = {"x": np.ones((4, 2), "float32"), "y": np.ones((4, 1), "float32")}
+    >>> losses = [float(exe.run(feed=feed, fetch_list=[loss])[0]) for _ in range(10)]
+    >>> losses[-1] < losses[0]
+    True
+    """
 
     type = "adamw"
 
@@ -339,7 +435,18 @@ class Lamb(Optimizer):
     """LAMB (You et al., 2019), Fluid's lamb op: Adam's bias-corrected moments give
     r = m_hat / (sqrt(v_hat) + epsilon) + lamb_weight_decay * param and
     param -= lr * (||param|| / ||r||) * r, the ratio 1 where a norm is 0. Parameters for which
-    exclude_from_weight_decay_fn(param) is true get no weight decay."""
+    exclude_from_weight_decay_fn(param) is true get no weight decay.
+
+    >>> x, y = nf.data("x", [-1, 2]), nf.data("y", [-1, 1])
+    >>> loss = nf.layers.mean(nf.layers.square_error_cost(nf.layers.fc(x, 1), y))
+    >>> _ = nf.optimizer.Lamb(learning_rate=0.1).minimize(loss)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> feed = {"x": np.ones((4, 2), "float32"), "y": np.ones((4, 1), "float32")}
+    >>> losses = [float(exe.run(feed=feed, fetch_list=[loss])[0]) for _ in range(10)]
+    >>> losses[-1] < losses[0]
+    True
+    """
 
     type = "lamb"
 
