@@ -744,7 +744,7 @@ def _adaptive_pool_grad(x, grad, geo: _PoolGeometry, pooling_type: str) -> np.nd
                 dx[:, :, h0:h1, w0:w1] += (g / ((h1 - h0) * (w1 - w0)))[:, :, None, None]
                 continue
             # the first maximum of the cell (row-major) takes the gradient, as Fluid's does
-            first = x[:, :, h0:h1, w0:w1].reshape(n, c, -1).argmax(axis=-1)
+            first = x[:, :, h0:h1, w0:w1].reshape(n, c, (h1 - h0) * (w1 - w0)).argmax(axis=-1)
             dx[rows, chans, h0 + first // (w1 - w0), w0 + first % (w1 - w0)] += g
     return dx
 

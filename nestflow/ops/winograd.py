@@ -67,7 +67,7 @@ def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # only a long K into a small output; with N < 16 the calls' overhead outweighs the gain
     chunked = b.shape[-2] >= 16 and k > 4 * a.shape[-2]
     pieces = max(1, -(-k // _K_CHUNK)) if chunked else 1
-    size = -(-k // pieces) if k else 0
+    size = max(1, -(-k // pieces))
     total = np.matmul(a[..., :size], np.swapaxes(b[..., :size], -1, -2))
     for start in range(size, k, size):
         part = slice(start, start + size)

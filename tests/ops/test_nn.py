@@ -558,6 +558,36 @@ def test_pointwise_path(case, monkeypatch):
     case.check()
 
 
+@pytest.mark.parametrize(
+    "filter_shape,hw",
+    [
+        ((4, 3, 3, 3), (6, 6)),
+        ((4, 3, 1, 1), (16, 16)),
+        ((20, 20, 3, 3), (6, 5)),
+        ((4, 3, 5, 5), (6, 6)),
+    ],
+    ids=["im2col-3x3", "pointwise", "winograd", "im2col-5x5"],
+)
+def test_an_empty_batch_has_zero_filter_gradients(filter_shape, hw):
+    x = np.zeros((0, filter_shape[1]) + hw)
+    attrs = {"paddings": [filter_shape[2] // 2] * 2}
+    upstream = np.zeros((0, filter_shape[0]) + hw)
+    out, grads = run_with_grads(
+        "conv2d", {"Input": x, "Filter": normal(*filter_shape)}, attrs, "Output", upstream
+    )
+    assert out.shape == upstream.shape and grads["Input"].shape == x.shape
+    np.testing.assert_array_equal(grads["Filter"], np.zeros(filter_shape))
+
+
+@pytest.mark.parametrize("kind", ("max", "avg"))
+@pytest.mark.parametrize("adaptive", (False, True))
+def test_an_empty_batch_pools_and_has_an_empty_gradient(kind, adaptive):
+    attrs = {"pooling_type": kind, "ksize": [2, 2], "adaptive": adaptive}
+    upstream = np.zeros((0, 3, 2, 2) if adaptive else (0, 3, 3, 3))
+    out, grads = run_with_grads("pool2d", {"X": np.zeros((0, 3, 4, 4))}, attrs, "Out", upstream)
+    assert out.shape == upstream.shape and grads["X"].shape == (0, 3, 4, 4)
+
+
 # ---- the columns memo: forward's im2col columns / Winograd tiles reused by the gradient ----
 
 
