@@ -38,14 +38,11 @@ def _subgraph(ctx: Emitter, what: str) -> Emitter:
 
 
 def _graph_input(
-    em: Emitter, base: str, dtype: str, sequence: bool = False, scalar: bool = False
+    em: Emitter, base: str, dtype: str, sequence: bool = False, rank: int | None = None
 ) -> str:
+    """A new input of the subgraph: a tensor of `rank` (None: any) or a sequence."""
     name = em.model.names.fresh(base)
-    value = Value(name, dtype, sequence)
-    info = value.value_info()
-    if scalar:
-        info.type.tensor_type.shape.SetInParent()  # a 0-d tensor
-    em.graph.inputs.append(info)
+    em.graph.inputs.append(Value(name, dtype, sequence).value_info(rank=rank))
     return name
 
 
@@ -152,12 +149,12 @@ def _step_body(ctx: OpContext, in_names, sequences, boots) -> tuple[Emitter, lis
     a = ctx.attrs
     step_block = a["sub_block"]
     body = _subgraph(ctx, "step")
-    step = _graph_input(body, "step", "int64", scalar=True)
-    cond_in = _graph_input(body, "cond", "bool", scalar=True)
-    olds = [
-        body.bind(name, _graph_input(body, name, boot.dtype), boot.dtype)
-        for name, boot in zip(a["memories"], boots)
-    ]
+    step = _graph_input(body, "step", "int64", rank=0)
+    cond_in = _graph_input(body, "cond", "bool", rank=0)
+    olds = []
+    for name, boot, boot_name in zip(a["memories"], boots, ctx.op.input("Boots")):
+        rank = max(ctx.var(boot_name).ndim, 1)  # (a 0-d boot was made one row)
+        olds.append(body.bind(name, _graph_input(body, name, boot.dtype, rank=rank), boot.dtype))
     for name, seq in zip(in_names, sequences):
         body.bind(name, body.node("Gather", [seq.name, step], axis=1), seq.dtype)
     ctx.model.convert_block(step_block, body.graph, body.env)
@@ -215,12 +212,14 @@ def while_(ctx: OpContext) -> None:
     trip_count = ctx.scalar(a["max_steps"], "int64") if a["max_steps"] >= 0 else ""
 
     body = _subgraph(ctx, "body")
-    _graph_input(body, "iteration", "int64", scalar=True)
-    cond_in = _graph_input(body, "cond", "bool", scalar=True)
+    _graph_input(body, "iteration", "int64", rank=0)
+    cond_in = _graph_input(body, "cond", "bool", rank=0)
     for name, value in zip(carried, initial):
-        body.bind(
-            name, _graph_input(body, name, value.dtype, value.sequence), value.dtype, value.sequence
-        )
+        var = ctx.var(name)
+        rank = None if value.sequence else var.ndim
+        carried_input = _graph_input(body, name, value.dtype, value.sequence, rank)
+        body.bind(name, carried_input, value.dtype, value.sequence)
+
     ctx.model.convert_block(a["sub_block"], body.graph, body.env)
     finals = [body.lookup(name, ctx.op) for name in inner]
     if cond_name in carried:
@@ -390,8 +389,8 @@ def gather_tree(ctx: OpContext) -> None:
     start = ctx.node("Expand", [ctx.cast(start, dtype), ctx.shape(ids, 1, 3)])
 
     body = _subgraph(ctx, "backtrack")
-    step = _graph_input(body, "step", "int64", scalar=True)
-    cond_in = _graph_input(body, "cond", "bool", scalar=True)
+    step = _graph_input(body, "step", "int64", rank=0)
+    cond_in = _graph_input(body, "cond", "bool", rank=0)
     beams = _graph_input(body, "beams", dtype)
     t = body.node("Sub", [body.node("Sub", [steps, step]), body.scalar(1, "int64")])
     picked = body.node("GatherElements", [body.node("Gather", [ids, t], axis=0), beams], axis=1)
