@@ -79,6 +79,14 @@ def _padding(padding: Any, data_format: str, layer: str) -> tuple[list[int], str
     return _pair(padding, layer, "padding", low=0), "EXPLICIT"
 
 
+def _located(convert, value: Any, layer: str, what: str):
+    """as_int / as_float, their AttrError located at the user's line."""
+    try:
+        return convert(value, f"{layer}: {what}")
+    except AttrError as exc:
+        raise layer_error(AttrError, layer, exc.message) from None
+
+
 def _flag(value: Any, layer: str, what: str) -> bool:
     if not isinstance(value, bool):
         raise layer_error(AttrError, layer, f"{what} must be True or False, got {value!r}")
@@ -109,7 +117,7 @@ def _image_input(input: VarDesc, data_format: str, layer: str) -> int:
 
 
 def _groups(groups: Any, channels: int, num_filters: int, input: VarDesc, layer: str) -> int:
-    groups = 1 if groups is None else as_int(groups, f"{layer}: groups")
+    groups = 1 if groups is None else _located(as_int, groups, layer, "groups")
     if groups < 1:
         raise layer_error(AttrError, layer, f"groups must be >= 1, got {groups}")
     if channels % groups:
@@ -130,7 +138,7 @@ def _conv_arguments(input, num_filters, groups, stride, dilation, padding, data_
     """The arguments both conv layers check alike: (channels, num_filters, groups, strides,
     dilations, paddings, padding_algorithm)."""
     channels = _image_input(input, data_format, layer)
-    num_filters = as_int(num_filters, f"{layer}: num_filters")
+    num_filters = _located(as_int, num_filters, layer, "num_filters")
     if num_filters < 1:
         raise layer_error(AttrError, layer, f"num_filters must be >= 1, got {num_filters}")
     groups = _groups(groups, channels, num_filters, input, layer)
@@ -361,10 +369,10 @@ def lrn(
     layer = "lrn"
     _image_input(input, data_format, layer)
     attrs = {
-        "n": as_int(n, "lrn: n"),
-        "k": as_float(k, "lrn: k"),
-        "alpha": as_float(alpha, "lrn: alpha"),
-        "beta": as_float(beta, "lrn: beta"),
+        "n": _located(as_int, n, layer, "n"),
+        "k": _located(as_float, k, layer, "k"),
+        "alpha": _located(as_float, alpha, layer, "alpha"),
+        "beta": _located(as_float, beta, layer, "beta"),
         "data_format": data_format,
     }
     prefix = name or "lrn"

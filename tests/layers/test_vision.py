@@ -294,6 +294,8 @@ BAD_LAYERS = [
     (lambda x: nf.layers.pool2d(x, 2, pool_padding="VALID", ceil_mode=True), AttrError, ["VALID"]),
     (lambda x: nf.layers.flatten(x, axis=5), AttrError, ["[0, 4]"]),
     (lambda x: nf.layers.conv2d(x, 4, 3, use_cudnn=1), AttrError, ["use_cudnn"]),
+    (lambda x: nf.layers.conv2d(x, 4.0, 3), AttrError, ["num_filters", "float"]),
+    (lambda x: nf.layers.lrn(x, alpha="small"), AttrError, ["alpha"]),
     (lambda x: nf.layers.pool2d(x, 2, use_cudnn="yes"), AttrError, ["use_cudnn"]),
 ]
 
