@@ -42,7 +42,15 @@ def _finite(owner: str, name: str, value: Any) -> float:
 
 
 class GradientClipBase(ABC):
-    """`clip(params_grads)` appends the clipping ops and returns [(param, clipped grad)]."""
+    """`clip(params_grads)` appends the clipping ops and returns [(param, clipped grad)].
+
+    >>> x = nf.data("x", [-1, 2])
+    >>> loss = nf.layers.mean(nf.layers.fc(x, 1))
+    >>> clip = nf.clip.GradientClipByGlobalNorm(clip_norm=1.0)
+    >>> isinstance(clip, nf.clip.GradientClipBase)
+    True
+    >>> _ = nf.optimizer.SGD(learning_rate=0.1, grad_clip=clip).minimize(loss)
+    """
 
     def __init__(self, need_clip: Callable[[VarDesc], bool] | None = None):
         if need_clip is not None and not callable(need_clip):
@@ -81,7 +89,18 @@ class GradientClipBase(ABC):
 
 class GradientClipByValue(GradientClipBase):
     """Each gradient element clipped to [min, max]; min defaults to -max (then max must be
-    > 0). torch.nn.utils.clip_grad_value_(params, max) for min = -max."""
+    > 0). torch.nn.utils.clip_grad_value_(params, max) for min = -max.
+
+    >>> x = nf.data("x", [-1, 2])
+    >>> w = nf.ParamAttr(initializer=nf.initializer.Constant(2.0))
+    >>> params_grads = nf.append_backward(nf.layers.reduce_sum(nf.layers.fc(x, 1, param_attr=w)))
+    >>> out = nf.clip.GradientClipByValue(max=1.0)(params_grads)  # the raw grads: 15s and 3
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> grads = exe.run(feed={"x": np.full((3, 2), 5, "float32")}, fetch_list=[g for _, g in out])
+    >>> [g.ravel().tolist() for g in grads]
+    [[1.0, 1.0], [1.0]]
+    """
 
     def __init__(self, max: float, min: float | None = None, need_clip=None):
         super().__init__(need_clip)
@@ -102,7 +121,18 @@ class GradientClipByValue(GradientClipBase):
 
 class GradientClipByNorm(GradientClipBase):
     """Each gradient scaled by clip_norm / ||grad|| when its own L2 norm exceeds clip_norm
-    (Fluid's clip_by_norm op)."""
+    (Fluid's clip_by_norm op).
+
+    >>> x = nf.data("x", [-1, 2])
+    >>> w = nf.ParamAttr(initializer=nf.initializer.Constant(2.0))
+    >>> params_grads = nf.append_backward(nf.layers.reduce_sum(nf.layers.fc(x, 1, param_attr=w)))
+    >>> out = nf.clip.GradientClipByNorm(clip_norm=1.0)(params_grads)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> grads = exe.run(feed={"x": np.full((3, 2), 5, "float32")}, fetch_list=[g for _, g in out])
+    >>> [round(float(np.linalg.norm(g)), 4) for g in grads]
+    [1.0, 1.0]
+    """
 
     def __init__(self, clip_norm: float, need_clip=None):
         super().__init__(need_clip)
@@ -119,7 +149,18 @@ class GradientClipByNorm(GradientClipBase):
 
 class GradientClipByGlobalNorm(GradientClipBase):
     """Every gradient scaled by clip_norm / max(global_norm, clip_norm), global_norm being the
-    L2 norm of all the clipped gradients together (one clip_by_global_norm op)."""
+    L2 norm of all the clipped gradients together (one clip_by_global_norm op).
+
+    >>> x = nf.data("x", [-1, 2])
+    >>> w = nf.ParamAttr(initializer=nf.initializer.Constant(2.0))
+    >>> params_grads = nf.append_backward(nf.layers.reduce_sum(nf.layers.fc(x, 1, param_attr=w)))
+    >>> out = nf.clip.GradientClipByGlobalNorm(clip_norm=1.0)(params_grads)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> grads = exe.run(feed={"x": np.full((3, 2), 5, "float32")}, fetch_list=[g for _, g in out])
+    >>> round(float(np.sqrt(sum((g ** 2).sum() for g in grads))), 4)
+    1.0
+    """
 
     def __init__(self, clip_norm: float, group_name: str = "default_group", need_clip=None):
         super().__init__(need_clip)
