@@ -232,6 +232,7 @@ class ModelBuilder:
         self.names = Names()
         self.initializers: list[Any] = []
         self._constants: dict[tuple, str] = {}
+        self._arrays: dict[str, np.ndarray] = {}  # initializer name -> its value
         self.main = Graph("nestflow")
         self.main_env = Env()
 
@@ -246,7 +247,12 @@ class ModelBuilder:
             name = self.names.fresh("const")
             self.initializers.append(numpy_helper.from_array(array, name))
             self._constants[key] = name
+            self._arrays[name] = array
         return name
+
+    def initializer_value(self, onnx_name: str) -> np.ndarray | None:
+        """The value of an initializer (a constant or a persistable variable), else None."""
+        return self._arrays.get(onnx_name)
 
     def lookup(self, env: Any, name: str, user: OpDesc | None) -> Any:
         value = env.find(name)
@@ -278,6 +284,7 @@ class ModelBuilder:
             array = array.astype(var.dtype)
         onnx_name = self.names.fresh(name)
         self.initializers.append(numpy_helper.from_array(array, onnx_name))
+        self._arrays[onnx_name] = array
         value = Value(onnx_name, var.dtype)
         self.main_env.bind(name, value)
         return value

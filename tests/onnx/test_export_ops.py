@@ -193,7 +193,8 @@ CASES = [
     ],
     OpExport("logical_not", {"X": Feed([-1, 4], "bool")}),
     # reductions
-    OpExport("mean", {"X": X}, batches=(1, 7)),
+    OpExport("mean", {"X": X}),
+    OpExport("reduce_mean", {"X": X}, {"dim": [0]}, id="reduce_mean-batch"),
     *[
         OpExport(op, {"X": X}, {"dim": [1]}, id=f"{op}-dim1")
         for op in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod")

@@ -213,6 +213,18 @@ class Emitter:
             return self.node(op_type, [x, self.ints(axes)], keepdims=keep)
         return self.node(op_type, [x], axes=list(axes), keepdims=keep)
 
+    def mean(self, x: str, axes: Sequence[int] | None, keepdims: bool, dtype: str) -> str:
+        """The mean over `axes` (None: all) as sum / count: NaN over no elements, as NumPy
+        (onnxruntime's ReduceMean gives 0 there)."""
+        total = self.reduce("ReduceSum", x, axes, keepdims)
+        if axes is None:
+            count = self.node("Size", [x])
+        else:
+            count = self.reduce(
+                "ReduceProd", self.node("Gather", [self.shape(x), self.ints(axes)]), None, False
+            )
+        return self.node("Div", [total, self.cast(count, dtype)])
+
     def split(self, x: str, axis: int, sizes: Sequence[int] | str | None, count: int) -> list[str]:
         """x split along `axis` into `count` parts: of `sizes` (ints or an int64 tensor), or
         equal parts when sizes is None."""

@@ -8,7 +8,7 @@ from nestflow.onnx.exporters.graph import OpContext, exports
 
 @exports("mean")
 def mean(ctx: OpContext) -> None:
-    ctx.set_output("Out", ctx.reduce("ReduceMean", ctx.input("X"), None, keepdims=False))
+    ctx.set_output("Out", ctx.mean(ctx.input("X"), None, False, ctx.in_var("X").dtype))
 
 
 def _axes(ctx: OpContext) -> list[int] | None:
@@ -22,11 +22,16 @@ def _axes(ctx: OpContext) -> list[int] | None:
 
 _REDUCE = {
     "reduce_sum": "ReduceSum",
-    "reduce_mean": "ReduceMean",
     "reduce_max": "ReduceMax",
     "reduce_min": "ReduceMin",
     "reduce_prod": "ReduceProd",
 }
+
+
+@exports("reduce_mean")
+def reduce_mean(ctx: OpContext) -> None:
+    x, dtype = ctx.input("X"), ctx.in_var("X").dtype
+    ctx.set_output("Out", ctx.mean(x, _axes(ctx), ctx.attrs["keep_dim"], dtype))
 
 
 @exports(*_REDUCE)
