@@ -17,13 +17,18 @@ control-flow ops export as follows: per-row `ifelse` splits the rows by the cond
 per-row lengths) a Loop over the time steps whose memories and outputs are masked past each
 row's length; `while` a Loop; tensor arrays are ONNX sequences; `block` is inlined.
 
-Ops that do not export (UnknownOpError naming the op and its source line): see NOT_EXPORTED.
-Supported opsets: MIN_OPSET to MAX_OPSET (the opsets onnxruntime >= 1.18 runs, from the one
-where Split/Squeeze/Unsqueeze/ReduceSum take their axes as inputs).
+Ops that do not export (UnknownOpError naming the op and its source line): the optimizer
+updates, the random fills, print (NOT_EXPORTED says why for each) and every gradient op.
+Supported opsets: 13 to 21 (MIN_OPSET, MAX_OPSET: the opsets onnxruntime >= 1.18 runs, from
+the one where Split/Squeeze/Unsqueeze/ReduceSum take their axes as inputs); a few options
+need more (scatter with overwrite=False: 16).
 
 Departures from the nestflow run: a While with max_steps stops after max_steps iterations in
 ONNX where nestflow raises MaxStepsExceededError; a per-row IfElse branch that gets no rows
-still runs (on zero rows) where nestflow skips it.
+still runs (on zero rows) where nestflow skips it; array_write past the end of a tensor array
+appends (nestflow leaves holes, which it cannot read back either); run-time errors nestflow
+raises on bad values (ids outside a table, lengths outside [0, time]) are left to
+onnxruntime, which may clamp, wrap or fail instead.
 """
 
 from __future__ import annotations
