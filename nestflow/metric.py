@@ -39,7 +39,25 @@ def _as_array(value: Any) -> np.ndarray:
 
 class Metric:
     """Base of the metrics: `reset`, `update`, `accumulate` and `name` are each metric's own;
-    `compute` passes its arguments through unless a metric has work to do before `update`."""
+    `compute` passes its arguments through unless a metric has work to do before `update`.
+
+    >>> class MeanError(nf.metric.Metric):
+    ...     def __init__(self):
+    ...         self.reset()
+    ...     def reset(self):
+    ...         self.total, self.count = 0.0, 0
+    ...     def update(self, preds, labels):
+    ...         self.total += float(np.abs(preds - labels).sum())
+    ...         self.count += len(labels)
+    ...     def accumulate(self):
+    ...         return self.total / self.count
+    ...     def name(self):
+    ...         return "mean_error"
+    >>> m = MeanError()
+    >>> m.update(np.array([1.0, 2.0]), np.array([1.5, 2.0]))
+    >>> m.accumulate()
+    0.25
+    """
 
     def reset(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not define reset()")

@@ -43,7 +43,16 @@ __all__ = [
 class Dataset:
     """A map-style dataset: `dataset[i]` is sample i (an array, a number, or a tuple/list/dict
     of them) for 0 <= i < len(dataset). Subclass it and define both methods; any object with
-    `__getitem__` and `__len__` works as well."""
+    `__getitem__` and `__len__` works as well.
+
+    >>> class Squares(nf.io.Dataset):
+    ...     def __len__(self):
+    ...         return 4
+    ...     def __getitem__(self, i):
+    ...         return np.float32(i), np.float32(i * i)
+    >>> [batch for batch in nf.io.DataLoader(Squares(), batch_size=2)][1]
+    (array([2., 3.], dtype=float32), array([4., 9.], dtype=float32))
+    """
 
     def __getitem__(self, index: int) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must define __getitem__")
@@ -82,7 +91,12 @@ def default_collate(batch: Sequence[Any]) -> Any:
     """Samples -> one batch: arrays and numbers are stacked into one array [B, ...] (NumPy's
     dtype rules), tuples/lists field by field (a tuple stays a tuple), dicts key by key, strings
     kept as a list. Fields whose shapes differ across samples are a ShapeError (pad them in a
-    collate_fn, e.g. with pad_sequences)."""
+    collate_fn, e.g. with pad_sequences).
+
+    >>> batch = nf.io.default_collate([(np.zeros(2), 0), (np.ones(2), 1)])
+    >>> batch[0].shape, batch[1].tolist()
+    ((2, 2), [0, 1])
+    """
     return _collate(batch, "sample")
 
 

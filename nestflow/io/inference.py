@@ -88,6 +88,21 @@ def save_inference_model(
     Raises FeedError if the targets need a non-persistable variable not in `feeded_var_names`,
     UninitializedError for a parameter the scope lacks (before anything is written) and
     FileWriteError when the directory cannot be written.
+
+    >>> import tempfile
+    >>> x = nf.data("x", [-1, 2])
+    >>> y = nf.layers.fc(x, 1)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> feed = {"x": np.ones((1, 2), "float32")}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = nf.io.save_inference_model(d, ["x"], [y], nf.default_main_program(), nf.global_scope())
+    ...     program, feeds, fetches, scope = nf.io.load_inference_model(d)
+    ...     out = exe.run(program, feed=feed, fetch_list=fetches, scope=scope)
+    >>> feeds, fetches
+    (['x'], ['fc_0.tmp_1'])
+    >>> np.array_equal(out[0], exe.run(feed=feed, fetch_list=[y])[0])
+    True
     """
     feed_names = target_names(list(feeded_var_names))
     fetch_names = target_names(target_vars)
@@ -152,6 +167,21 @@ def load_inference_model(
     or changed since the save, or a program file that is missing, changed (checksum) or does
     not decode; ParameterFileError, naming the file, for a parameter file that is missing,
     changed or does not fit the program. Nothing is set in `scope` unless all of it loads.
+
+    >>> import tempfile
+    >>> x = nf.data("x", [-1, 2])
+    >>> y = nf.layers.fc(x, 1)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> feed = {"x": np.ones((1, 2), "float32")}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = nf.io.save_inference_model(d, ["x"], [y], nf.default_main_program(), nf.global_scope())
+    ...     program, feeds, fetches, scope = nf.io.load_inference_model(d)
+    ...     out = exe.run(program, feed=feed, fetch_list=fetches, scope=scope)
+    >>> feeds, fetches
+    (['x'], ['fc_0.tmp_1'])
+    >>> np.array_equal(out[0], exe.run(feed=feed, fetch_list=[y])[0])
+    True
     """
     dirname = os.fspath(dirname)
     raw, meta = _read_manifest(dirname)

@@ -26,7 +26,13 @@ CHECKSUM = "sha256"
 
 
 def persistable_vars(program: Program) -> list[VarDesc]:
-    """The program's persistable tensor variables (parameters, optimizer state), by name."""
+    """The program's persistable tensor variables (parameters, optimizer state), by name.
+
+    >>> x = nf.data("x", [-1, 2])
+    >>> _ = nf.layers.fc(x, 1)
+    >>> [v.name for v in nf.io.persistable_vars(nf.default_main_program())]
+    ['fc_0.w', 'fc_0.b']
+    """
     found: dict[str, VarDesc] = {}
     for var in program.list_vars():
         if var.persistable and var.type == "lod_tensor":
@@ -141,6 +147,22 @@ def load_params(
     program needs but the file lacks, tensors the file has but the program does not declare
     (unless strict=False), and tensors whose shape or dtype differs from the declaration (-1
     dims match any size).
+
+    >>> import tempfile
+    >>> x = nf.data("x", [-1, 2])
+    >>> y = nf.layers.fc(x, 1)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> feed = {"x": np.ones((1, 2), "float32")}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     nf.io.save_params(nf.global_scope(), nf.default_main_program(), d + "/params.safetensors")
+    ...     restored = nf.Scope()
+    ...     nf.io.load_params(restored, nf.default_main_program(), d + "/params.safetensors")
+    >>> sorted(restored.local_var_names())
+    ['fc_0.b', 'fc_0.w']
+    >>> np.array_equal(exe.run(feed=feed, fetch_list=[y], scope=restored)[0],
+    ...                exe.run(feed=feed, fetch_list=[y])[0])
+    True
     """
     set_params(scope, program, read_params(path), path, strict)
 
