@@ -8,8 +8,9 @@ DEMO_DEPS := $(VENV)/.demo
 TEST_DEPS := $(VENV)/.test
 BENCH_DEPS := $(VENV)/.bench
 PROTO_DEPS := $(VENV)/.proto
+DOCS_DEPS := $(VENV)/.docs
 
-.PHONY: test demo bench proto lint clean
+.PHONY: test demo bench proto docs lint clean
 
 $(BASE):
 	$(PY) -m venv $(VENV)
@@ -21,7 +22,7 @@ $(DEMO_DEPS): pyproject.toml $(BASE)
 	touch $(DEMO_DEPS)
 
 $(TEST_DEPS): pyproject.toml $(BASE)
-	$(BIN)/pip install -q -e '.[test,examples,bench,proto,onnx]'
+	$(BIN)/pip install -q -e '.[test,examples,bench,proto,onnx,distributed]'
 	touch $(TEST_DEPS)
 
 $(BENCH_DEPS): pyproject.toml $(BASE)
@@ -31,6 +32,10 @@ $(BENCH_DEPS): pyproject.toml $(BASE)
 $(PROTO_DEPS): pyproject.toml $(BASE)
 	$(BIN)/pip install -q -e '.[proto]'
 	touch $(PROTO_DEPS)
+
+$(DOCS_DEPS): pyproject.toml $(BASE)
+	$(BIN)/pip install -q -e '.[docs]'
+	touch $(DOCS_DEPS)
 
 test: $(TEST_DEPS)
 	$(BIN)/ruff check nestflow tests bench examples
@@ -46,9 +51,14 @@ bench: $(BENCH_DEPS)
 proto: $(PROTO_DEPS)
 	$(BIN)/python -m grpc_tools.protoc -Inestflow/framework --python_out=nestflow/framework --pyi_out=nestflow/framework nestflow/framework/framework.proto
 
+# The site goes to site/; --strict turns every warning (a broken link, a missing docstring
+# target) into an error.
+docs: $(DOCS_DEPS)
+	$(BIN)/mkdocs build --strict
+
 lint: $(TEST_DEPS)
 	$(BIN)/ruff check nestflow tests bench examples
 	$(BIN)/ruff format --check nestflow tests bench examples
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site
