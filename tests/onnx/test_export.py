@@ -397,3 +397,36 @@ def test_nestflow_imports_without_onnx_and_export_says_what_to_install():
     )
     assert done.returncode == 0, done.stderr
     assert "pip install 'nestflow[onnx]'" in done.stdout
+
+
+def test_sentiment_demo_model_bidirectional_lstm():
+    """The understand_sentiment model (embedding, bidirectional LSTM over each review's length,
+    max pool over time, fc), on batches trimmed to their longest review as the demo feeds."""
+    demo = pytest.importorskip("nestflow.cli.demo_sentiment")
+    model = demo.build_model()
+    rng = np.random.default_rng(6)
+    data = demo.make_reviews(40, rng)
+    scope = _train(model.main, model.startup, demo.feed_of(data, slice(0, 32)), model.loss, 2)
+    runs = [
+        {k: v for k, v in demo.feed_of(data, rows).items() if k != "label"}
+        for rows in (slice(0, 9), slice(9, 10), np.array([3, 17, 25, 31]))
+    ]
+    roundtrip(model.main, scope, runs[0], [model.probabilities], runs=runs[1:])
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translation_demo_attention_decoder(beam):
+    """The machine_translation model's inference program: a bidirectional GRU encoder, then
+    beam search (greedy for one beam) with an attention GRU cell."""
+    demo = pytest.importorskip("nestflow.cli.demo_translate")
+    training = demo.build_training()
+    scope = nf.Scope()
+    nf.Executor().run(training.startup, scope=scope)
+    decoding = demo.build_decoding(beam)
+    rng = np.random.default_rng(7)
+    runs = []
+    for n in (5, 1):
+        pairs = demo.make_pairs(n, rng)
+        runs.append({"src": pairs.src[:, : int(pairs.src_len.max())], "src_len": pairs.src_len})
+    fetches = [decoding.ids, decoding.scores]
+    roundtrip(decoding.program, scope, runs[0], fetches, runs=runs[1:])
