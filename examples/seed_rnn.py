@@ -1,4 +1,4 @@
-"""Seed 002's RNN program, run exactly as DESIGN.md writes it.
+"""Seed 002's RNN program, run as docs/concepts.md (The seed programs) writes it.
 
     python examples/seed_rnn.py
 

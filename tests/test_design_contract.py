@@ -1,7 +1,7 @@
-"""DESIGN.md, read by a skeptical user: every code block and bullet, with the exact spellings
-the page shows, checked against NumPy wherever there is a value.
+"""The design contract (the API the docs/ pages describe), read by a skeptical user: every
+code block and bullet, with the exact spellings the page shows, checked against NumPy wherever there is a value.
 
-Sections follow DESIGN.md in order. Each test is short and calls only what the page names (plus
+Sections follow the contract in order. Each test is short and calls only what the page names (plus
 NumPy, safetensors and protobuf to look at what nestflow produced); where the page is silent on
 how something is reached, the comment says what the test assumes.
 """

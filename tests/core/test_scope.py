@@ -1,4 +1,4 @@
-"""Scope: every statement seeds 000, 001 and 002 make about scopes, plus DESIGN.md's Core runtime."""
+"""Scope: every statement seeds 000, 001 and 002 make about scopes, plus the design contract's core runtime."""
 
 from __future__ import annotations
 

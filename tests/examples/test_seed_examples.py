@@ -1,5 +1,5 @@
 """examples/seed_ifelse.py and examples/seed_rnn.py (issue 4 item 8: the two seed programs of
-DESIGN.md as scripts): each runs as a user would run it, in a fresh Python, and prints the
+docs/concepts.md as scripts): each runs as a user would run it, in a fresh Python, and prints the
 hand-computed values."""
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ def test_fc_in_the_step_with_unequal_lengths(rng):
 
 
 def _seed_rnn(hoist):
-    """DESIGN.md's seed RNN program."""
+    """The seed RNN program (docs/concepts.md)."""
     x = pd.sequence([10, 20, 30])
     m = pd.var(0)
     W = pd.var(0.314, param=True)

@@ -15,7 +15,7 @@ from tests.gradcheck import assert_gradients_match
 
 L = nf.layers
 
-# Fluid 1.8's signatures (DESIGN.md Part II names): parameter names and defaults.
+# Fluid 1.8's signatures (the names of the design contract): parameter names and defaults.
 SIGNATURES = {
     "argmax": "(x, axis=0)",
     "argmin": "(x, axis=0)",
