@@ -323,7 +323,7 @@ class ModelCheckpoint(Callback):
     `{save_dir}/{epoch}` and after the last epoch to `{save_dir}/final`; `save_dir` defaults to
     fit's. Nothing is written without a save_dir, nor by other ranks than the writing one.
     Paddle's argument order (save_freq, save_dir); a path given first is the save_dir, so
-    `ModelCheckpoint("checkpoints", 2)` (DESIGN.md's order) works as well.
+    `ModelCheckpoint("checkpoints", 2)` (the design contract's order) works as well.
 
     >>> checkpoint = ModelCheckpoint(save_freq=5, save_dir="checkpoints")  # model.fit(callbacks=[...])
     """
