@@ -197,47 +197,52 @@ def _col2im(cols: np.ndarray, padded_hw, strides, dilations) -> np.ndarray:
 
 
 class _ColumnsMemo:
-    """The im2col columns (or Winograd tiles) of recent conv forwards' inputs, kept until the
-    filter gradient takes them: recomputing them costs up to a tenth of a conv's forward and
-    backward. An entry is keyed by the input array object, held weakly so the entry dies with
-    the array, and by the geometry; the executor never writes into an array a later op still
-    reads, so the columns stay valid while the array lives. At most `limit` bytes are kept,
-    the oldest entries dropped first (their gradients recompute them)."""
+    """The im2col columns (or Winograd tiles) of recent conv forwards, kept until the conv's
+    gradient takes them: recomputing them costs up to a tenth of a conv's forward and backward.
+    An entry is keyed by the op's Input and Output array objects, both held weakly (the entry
+    dies with either): the gradient op reads both, so the executor writes into neither before
+    it runs, and the forward made Output afresh, so no other op's arrays match. At most
+    `limit` bytes are kept, the oldest entries dropped first (their gradients recompute them)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._entries: dict[int, tuple] = {}
+        self._entries: dict[tuple[int, int], tuple] = {}
         self._bytes = 0
         self._lock = threading.RLock()  # weakref callbacks may run in any thread
 
-    def _drop(self, ident: int) -> tuple | None:
+    def _drop(self, ident: tuple[int, int]) -> tuple | None:
         entry = self._entries.pop(ident, None)
         if entry is not None:
-            self._bytes -= entry[2].nbytes
+            self._bytes -= entry[1][1].nbytes
         return entry
 
-    def put(self, x: np.ndarray, key: tuple, cols: np.ndarray) -> None:
-        ident = id(x)
+    def put(self, x: np.ndarray, out: np.ndarray, kept: tuple) -> None:
+        """Keep kept = (tag, columns) for the conv that read x and wrote out."""
+        ident = (id(x), id(out))
 
         def forget(_ref, ident=ident):
             with self._lock:
                 self._drop(ident)
 
+        size = kept[1].nbytes
         with self._lock:
             self._drop(ident)
-            if cols.nbytes > self.limit:
+            if size > self.limit:
                 return
-            while self._entries and self._bytes + cols.nbytes > self.limit:
+            while self._entries and self._bytes + size > self.limit:
                 self._drop(next(iter(self._entries)))
-            self._entries[ident] = (weakref.ref(x, forget), key, cols)
-            self._bytes += cols.nbytes
+            refs = (weakref.ref(x, forget), weakref.ref(out, forget))
+            self._entries[ident] = (refs, kept)
+            self._bytes += size
 
-    def take(self, x: np.ndarray, key: tuple) -> np.ndarray | None:
+    def take(self, x: np.ndarray, out: np.ndarray) -> tuple | None:
+        """The (tag, columns) kept for this x and out, removed; None if there are none."""
         with self._lock:
-            entry = self._entries.get(id(x))
-            if entry is None or entry[0]() is not x or entry[1] != key:
+            ident = (id(x), id(out))
+            entry = self._entries.get(ident)
+            if entry is None or entry[0][0]() is not x or entry[0][1]() is not out:
                 return None
-            return self._drop(id(x))[2]
+            return self._drop(ident)[1]
 
 
 _COLUMNS = _ColumnsMemo(limit=256 << 20)
@@ -339,30 +344,26 @@ def _per_image(a: np.ndarray, groups: int) -> np.ndarray:
     return a.reshape(n, groups, c // groups, h * w)
 
 
-def _conv(x: np.ndarray, w: np.ndarray, geo: _ConvGeometry, memo: bool = False) -> np.ndarray:
-    """Convolution of x [N, C, H, W] with w [M, C/g, kh, kw]: [N, M, OH, OW] (kernels by
-    _kernel; im2col runs one GEMM per group over all images at once, as per-image GEMMs are
-    too small on small images). With `memo` the rearranged input is kept for
-    _conv_filter_grad."""
+def _conv(x: np.ndarray, w: np.ndarray, geo: _ConvGeometry) -> tuple[np.ndarray, tuple | None]:
+    """Convolution of x [N, C, H, W] with w [M, C/g, kh, kw]: ([N, M, OH, OW], what the
+    filter gradient can reuse, as (tag, array), or None). Kernels by _kernel; im2col runs one
+    GEMM per group over all images at once, as per-image GEMMs are too small on small
+    images."""
     m, cg, kh, kw = w.shape
     g = geo.groups
     out_hw = geo.out_hw(x.shape[2:], (kh, kw))
     kernel = _kernel(w.shape, geo, out_hw, x.dtype)
     if kernel == "winograd":
         out, v = winograd.conv(x, w, geo.pads)
-        if memo:
-            _COLUMNS.put(x, (geo, "winograd"), v)
-        return out
+        return out, (("winograd", geo), v)
     if kernel == "pointwise":
         out = np.matmul(w.reshape(g, m // g, cg), _per_image(x, g))
-        return out.reshape((x.shape[0], m) + out_hw)
+        return out.reshape((x.shape[0], m) + out_hw), None
     cols = _columns(x, (kh, kw), geo, out_hw)
-    if memo:
-        _COLUMNS.put(x, (geo, (kh, kw)), cols)
     # [OH * OW * N, M/g] per group: OpenBLAS runs the product with few output rows slower
     out = winograd.matmul_nt(np.swapaxes(cols, 1, 2), w.reshape(g, m // g, cg * kh * kw))
     out = out.reshape((g,) + out_hw + (x.shape[0], m // g)).transpose(3, 0, 4, 1, 2)
-    return np.ascontiguousarray(out).reshape((x.shape[0], m) + out_hw)
+    return np.ascontiguousarray(out).reshape((x.shape[0], m) + out_hw), (((kh, kw), geo), cols)
 
 
 def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None) -> np.ndarray:
@@ -387,12 +388,17 @@ def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None
     return _batch_first(padded[:, top : top + h, left : left + wd])
 
 
-def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=None):
+def _reused(kept: tuple | None, tag: tuple) -> np.ndarray | None:
+    return kept[1] if kept is not None and kept[0] == tag else None
+
+
+def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=None, kept=None):
     """d(conv)/d(filter) for input x [N, C, H, W] and grad [N, M, OH, OW]: w_shape.
-    grad_g: grad in _grouped_grad's layout, if the caller has it."""
+    grad_g: grad in _grouped_grad's layout, if the caller has it; kept: what _conv returned
+    for reuse, if the caller has it."""
     kernel = _kernel(w_shape, geo, grad.shape[2:], x.dtype)
     if kernel == "winograd":
-        v = _COLUMNS.take(x, (geo, "winograd"))
+        v = _reused(kept, ("winograd", geo))
         if v is None:
             v = winograd.input_transform(x, geo.pads, grad.shape[2:])
         return winograd.filter_grad(v, grad)
@@ -400,7 +406,7 @@ def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=N
         per_image = winograd.matmul_nt(_per_image(grad, geo.groups), _per_image(x, geo.groups))
         return per_image.sum(axis=0).reshape(w_shape)
     k_hw = tuple(w_shape[2:])
-    cols = _COLUMNS.take(x, (geo, k_hw))
+    cols = _reused(kept, (k_hw, geo))
     if cols is None:
         cols = _columns(x, k_hw, geo, grad.shape[2:])
     grad_g = _grouped_grad(grad, geo.groups) if grad_g is None else grad_g
@@ -460,11 +466,15 @@ def _conv_forward(Input, Filter, relu_first: bool, attrs: dict) -> np.ndarray:
     if relu_first:
         x = np.maximum(x, 0)
     geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
+    out, kept = _conv(x, Filter, geo)
+    out = _from_nchw(out, channel_last)
     # an inference program (is_test, as Program.clone(for_test=True) sets) takes no gradient
-    return _from_nchw(_conv(x, Filter, geo, memo=not attrs["is_test"]), channel_last)
+    if kept is not None and not attrs["is_test"]:
+        _COLUMNS.put(Input, out, kept)
+    return out
 
 
-def _conv_backward(Input, Filter, Output_grad, relu_first: bool, attrs: dict, needs):
+def _conv_backward(Input, Filter, Output, Output_grad, relu_first: bool, attrs: dict, needs):
     channel_last = _check_layout(attrs["data_format"])
     x = _nchw(Input, channel_last)
     grad = _nchw(Output_grad, channel_last)
@@ -481,7 +491,8 @@ def _conv_backward(Input, Filter, Output_grad, relu_first: bool, attrs: dict, ne
             dx = dx * (x > 0)
         dx = _from_nchw(dx, channel_last)
     if needs[1]:
-        dw = _conv_filter_grad(x, grad, Filter.shape, geo, shared)
+        kept = _COLUMNS.take(Input, Output)
+        dw = _conv_filter_grad(x, grad, Filter.shape, geo, shared, kept)
     return dx, dw
 
 
@@ -514,7 +525,7 @@ class conv2d:
         return _conv_forward(Input, Filter, False, attrs)
 
     def backward(Input, Filter, Output, Output_grad, needs=(True, True), **attrs):
-        return _conv_backward(Input, Filter, Output_grad, False, attrs, needs)
+        return _conv_backward(Input, Filter, Output, Output_grad, False, attrs, needs)
 
 
 @register_op
@@ -532,7 +543,7 @@ class depthwise_conv2d:
 
     def backward(Input, Filter, Output, Output_grad, needs=(True, True), **attrs):
         relu_first = attrs["fuse_relu_before_depthwise_conv"]
-        return _conv_backward(Input, Filter, Output_grad, relu_first, attrs, needs)
+        return _conv_backward(Input, Filter, Output, Output_grad, relu_first, attrs, needs)
 
 
 # ---- conv2d_transpose ----
@@ -610,7 +621,7 @@ class conv2d_transpose:
     def backward(Input, Filter, Output, Output_grad, needs=(True, True), **attrs):
         channel_last, x, geo, _ = _transpose_setup(Input, Filter, attrs)
         grad = _nchw(Output_grad, channel_last)
-        dx = _from_nchw(_conv(grad, Filter, geo), channel_last) if needs[0] else None
+        dx = _from_nchw(_conv(grad, Filter, geo)[0], channel_last) if needs[0] else None
         dw = _conv_filter_grad(grad, x, Filter.shape, geo) if needs[1] else None
         return dx, dw
 

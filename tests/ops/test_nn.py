@@ -591,20 +591,23 @@ def test_an_empty_batch_pools_and_has_an_empty_gradient(kind, adaptive):
 # ---- the columns memo: forward's im2col columns / Winograd tiles reused by the gradient ----
 
 
-def test_columns_memo_entries_die_with_their_array_and_respect_the_limit():
+def test_columns_memo_entries_die_with_their_arrays_and_respect_the_limit():
     memo = nn_ops._ColumnsMemo(limit=1000)
-    a, b = np.zeros(3), np.zeros(3)
-    memo.put(a, ("k",), np.zeros(100))  # 800 bytes
-    assert memo.take(a, ("other",)) is None  # another geometry
-    assert memo.take(np.zeros(3), ("k",)) is None  # another array
-    memo.put(b, ("k",), np.ones(50))  # 400 more: over the limit, a's entry goes
-    assert memo.take(a, ("k",)) is None
-    assert memo.take(b, ("k",))[0] == 1.0
-    assert memo.take(b, ("k",)) is None  # taken once
-    memo.put(a, ("k",), np.zeros(200))  # larger than the limit: not kept
-    assert memo.take(a, ("k",)) is None
-    memo.put(a, ("k",), np.zeros(10))
+    a, b, out = np.zeros(3), np.zeros(3), np.zeros(2)
+    memo.put(a, out, ("k", np.zeros(100)))  # 800 bytes
+    assert memo.take(a, np.zeros(2)) is None  # another output
+    assert memo.take(np.zeros(3), out) is None  # another input
+    memo.put(b, out, ("k", np.ones(50)))  # 400 more: over the limit, a's entry goes
+    assert memo.take(a, out) is None
+    assert memo.take(b, out)[1][0] == 1.0
+    assert memo.take(b, out) is None  # taken once
+    memo.put(a, out, ("k", np.zeros(200)))  # larger than the limit: not kept
+    assert memo.take(a, out) is None
+    memo.put(a, out, ("k", np.zeros(10)))
+    memo.put(b, out, ("k", np.zeros(10)))
     del a
+    assert len(memo._entries) == 1 and memo._bytes == 80
+    del out
     assert not memo._entries and memo._bytes == 0
 
 
@@ -618,8 +621,8 @@ def test_filter_gradient_is_the_same_with_and_without_the_memo(filter_shape, mon
     taken = []
     take = nn_ops._COLUMNS.take
 
-    def counted(x, key):
-        got = take(x, key)
+    def counted(x, out):
+        got = take(x, out)
         taken.append(got is not None)
         return got
 
@@ -632,7 +635,7 @@ def test_filter_gradient_is_the_same_with_and_without_the_memo(filter_shape, mon
     np.testing.assert_allclose(with_memo["Filter"], without["Filter"], rtol=1e-12, atol=1e-12)
 
 
-def test_an_inference_conv_keeps_no_columns():
+def test_an_inference_conv_keeps_no_columns_and_no_entry_outlives_a_run(monkeypatch):
     main, startup = nf.Program(), nf.Program()
     with nf.program_guard(main, startup):
         x = nf.data("x", [-1, 3, 6, 6])
@@ -640,12 +643,16 @@ def test_an_inference_conv_keeps_no_columns():
     test_program = main.clone(for_test=True)
     exe, scope = nf.Executor(), nf.Scope()
     exe.run(startup, scope=scope)
+    puts = []
+    put = nn_ops._COLUMNS.put
+    monkeypatch.setattr(nn_ops._COLUMNS, "put", lambda *args: puts.append(1) or put(*args))
+    before = len(nn_ops._COLUMNS._entries)
     feed = normal(2, 3, 6, 6, dtype="float32")
-    before = dict(nn_ops._COLUMNS._entries)
     exe.run(test_program, feed={"x": feed}, fetch_list=[out], scope=scope)
-    assert nn_ops._COLUMNS._entries == before
+    assert not puts
     exe.run(main, feed={"x": feed}, fetch_list=[out], scope=scope)
-    assert id(feed) in nn_ops._COLUMNS._entries  # a training forward keeps them for the gradient
+    assert puts == [1]  # a training forward keeps them for a gradient ...
+    assert len(nn_ops._COLUMNS._entries) == before  # ... but not past its output's life
 
 
 # ---- PyTorch in float64: forward and gradients over grids of settings ----
