@@ -1,5 +1,6 @@
-"""`nestflow demo [--model mlp|rnn|conv] [--epochs N] [--out DIR]`, `nestflow show DIR` and
-`nestflow export MODEL_DIR OUT.onnx [--opset N]`."""
+"""`nestflow demo [--model mlp|rnn|conv] [--epochs N] [--out DIR] [--distributed]`,
+`nestflow show DIR`, `nestflow export MODEL_DIR OUT.onnx [--opset N]` and
+`nestflow launch -n N [--hostfile FILE] script.py [args]`."""
 
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
         "MIN_ACCURACY, 0.97 for mlp, 0.985 for conv)",
     )
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    demo.add_argument(
+        "--distributed",
+        action="store_true",
+        help="train the mlp on 2 MPI ranks (nestflow launch; needs nestflow[distributed])",
+    )
     show = commands.add_parser("show", help="print the program listing of a saved model")
     show.add_argument("path", help="a directory written by save_inference_model, or a .pb file")
     export = commands.add_parser(
@@ -42,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("model_dir", help="a directory written by save_inference_model")
     export.add_argument("out", help="the .onnx file to write")
     export.add_argument("--opset", type=int, default=17, help="the ONNX opset (default 17)")
+    launch = commands.add_parser(
+        "launch", help="run a training script on N MPI ranks (needs nestflow[distributed])"
+    )
+    from nestflow.cli import launch as launching
+
+    launching.add_arguments(launch)
     return parser
 
 
@@ -49,7 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "demo":
-            return _demo(args)
+            return _demo(args, sys.argv[1:] if argv is None else list(argv))
+        if args.command == "launch":
+            from nestflow.cli.launch import run
+
+            return run(args)
         if args.command == "export":
             return _export(args)
         return _show(args.path)
@@ -58,7 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _demo(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.distributed:
+        from nestflow.cli import demo_distributed
+
+        return demo_distributed.main(args, argv)
     module_name = f"nestflow.cli.demo_{args.model}"
     if importlib.util.find_spec(module_name) is None:
         print(
