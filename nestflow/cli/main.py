@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     show = commands.add_parser("show", help="print the program listing of a saved model")
     show.add_argument("path", help="a directory written by save_inference_model, or a .pb file")
+    show.add_argument(
+        "--graph",
+        metavar="OUT",
+        default=None,
+        help="also draw the program to OUT (.svg/.png/.pdf through Graphviz's dot, .dot: the text)",
+    )
     export = commands.add_parser(
         "export", help="write a saved inference model as an ONNX model (needs nestflow[onnx])"
     )
@@ -68,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(args)
         if args.command == "export":
             return _export(args)
-        return _show(args.path)
+        return _show(args.path, args.graph)
     except NestflowError as exc:
         print(f"nestflow: error: {exc}", file=sys.stderr)
         return 1
@@ -107,7 +113,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(path: str) -> int:
+def _show(path: str, graph: str | None = None) -> int:
     from nestflow.core.tensor import Tensor
     from nestflow.framework.program import Program
     from nestflow.io import inference
@@ -128,6 +134,10 @@ def _show(path: str) -> int:
             print(f"nestflow: cannot read '{path}': {exc}", file=sys.stderr)
             return 1
     print(program)
+    if graph is not None:
+        from nestflow.framework.dot import render
+
+        print(f"graph written to {render(program.to_dot(), graph)}")
     return 0
 
 
