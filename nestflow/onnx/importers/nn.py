@@ -1,0 +1,326 @@
+"""Mappers of ONNX's network layers: Conv, pooling, normalisation, LRN, Dropout, softmax.
+
+nestflow's conv2d/pool2d are 2-D: a 1-D Conv or pool runs as a 2-D one over [N, C, 1, W]
+(its input unsqueezed at dim 2, its output squeezed back). ONNX pads are
+[x1_begin, x2_begin, x1_end, x2_end]; nestflow's [top, bottom, left, right].
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nestflow.onnx.importers.registry import Node, mapper
+
+
+def _spatial_attrs(node: Node, x_shape, kernel) -> dict:
+    """Strides, dilations and nestflow paddings of a Conv or pool node over input `x_shape`
+    with window `kernel` (auto_pad SAME_* resolved from the input's spatial sizes)."""
+    dims = len(kernel)
+    strides = node.attr("strides", [1] * dims)
+    dilations = node.attr("dilations", [1] * dims)
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    pads = node.attr("pads", [0] * 2 * dims)
+    if auto_pad == "VALID":
+        pads = [0] * 2 * dims
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        sizes = x_shape[2:]
+        if any(s < 0 for s in sizes):
+            raise node.unsupported(
+                f"auto_pad {auto_pad} over input {list(x_shape)} of unknown spatial size"
+            )
+        begins, ends = [], []
+        for size, k, s, d in zip(sizes, kernel, strides, dilations):
+            total = max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
+            small, large = total // 2, total - total // 2
+            begin, end = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+            begins.append(begin)
+            ends.append(end)
+        pads = begins + ends
+    elif auto_pad != "NOTSET":
+        raise node.unsupported(f"auto_pad '{auto_pad}'")
+    return {"strides": list(strides), "dilations": list(dilations), "pads": list(pads)}
+
+
+def _as_2d(geometry: dict, dims: int) -> dict:
+    """ONNX geometry of 1 or 2 spatial dims as nestflow 2-D attrs."""
+    pads = geometry["pads"]
+    if dims == 1:
+        return {
+            "strides": [1, *geometry["strides"]],
+            "dilations": [1, *geometry["dilations"]],
+            "paddings": [0, 0, pads[0], pads[1]],
+        }
+    return {
+        "strides": geometry["strides"],
+        "dilations": geometry["dilations"],
+        "paddings": [pads[0], pads[2], pads[1], pads[3]],
+    }
+
+
+def _spatial_dims(node: Node, rank: int) -> int:
+    dims = rank - 2
+    if dims not in (1, 2):
+        raise node.unsupported(f"{node.op_type} over {dims} spatial dims (input rank {rank})")
+    return dims
+
+
+def _to_4d(node: Node, x: str, dims: int) -> str:
+    return x if dims == 2 else node.op("unsqueeze", {"X": x}, {"axes": [2]})
+
+
+def _from_4d(node: Node, y: str, dims: int, out: int = 0) -> None:
+    if dims == 2:
+        node.set_output(out, y)
+    else:
+        node.op("squeeze", {"X": y}, {"axes": [2]}, out=out)
+
+
+@mapper("Conv")
+def conv(node: Node) -> None:
+    x_shape, w_shape = node.shape(0), node.shape(1)
+    dims = _spatial_dims(node, len(x_shape))
+    kernel = node.attr("kernel_shape", list(w_shape[2:]))
+    geometry = _as_2d(_spatial_attrs(node, x_shape, kernel), dims)
+    attrs = {**geometry, "groups": node.attr("group", 1)}
+    x, w = _to_4d(node, node.input(0), dims), _to_4d(node, node.input(1), dims)
+    has_bias = node.has_input(2)
+    y = node.op("conv2d", {"Input": x, "Filter": w}, attrs, outputs=("Output",))
+    if has_bias:  # B [M] lines up with the channels (dim 1)
+        y = node.op("elementwise_add", {"X": y, "Y": node.input(2)}, {"axis": 1})
+    _from_4d(node, y, dims)
+
+
+# ---- pooling ----
+
+
+def _ceil_mode(node: Node, x_shape, geometry: dict, kernel) -> bool:
+    """Whether nestflow's ceil_mode gives ONNX's output size: ONNX drops a last window that
+    would start in the end padding, where pool2d (Fluid) refuses it; that output size is then
+    the floor one."""
+    if not node.attr("ceil_mode", 0):
+        return False
+    dims = len(kernel)
+    sizes, pads, strides = x_shape[2:], geometry["pads"], geometry["strides"]
+    if any(s < 0 for s in sizes):
+        return True
+    for d in range(dims):
+        span = sizes[d] + pads[d] + pads[dims + d] - kernel[d]
+        ceil_out = -(-span // strides[d]) + 1
+        if (ceil_out - 1) * strides[d] >= sizes[d] + pads[d]:
+            ceil_out -= 1
+        if ceil_out != span // strides[d] + 1:
+            return True
+    return False
+
+
+@mapper("MaxPool", "AveragePool")
+def pool(node: Node) -> None:
+    x_shape = node.shape(0)
+    dims = _spatial_dims(node, len(x_shape))
+    kernel = node.attr("kernel_shape")
+    if kernel is None or len(kernel) != dims:
+        raise node.unsupported(f"kernel_shape {kernel} for input {list(x_shape)}")
+    geometry = _spatial_attrs(node, x_shape, kernel)
+    if any(d != 1 for d in geometry["dilations"]):
+        raise node.unsupported(f"{node.op_type} with dilations {geometry['dilations']}")
+    if node.wants_output(1):
+        raise node.unsupported("MaxPool's Indices output")
+    if node.attr("storage_order", 0):
+        raise node.unsupported("storage_order=1")
+    ceil_mode = _ceil_mode(node, x_shape, geometry, kernel)
+    x = _to_4d(node, node.input(0), dims)
+    dtype = node.dtype(0)
+    if dtype in ("int8", "uint8"):  # pool2d computes in floats; 8-bit values are exact there
+        x = node.op("cast", {"X": x}, {"out_dtype": "float32"})
+    include_pad = node.op_type == "AveragePool" and node.attr("count_include_pad", 0)
+    if include_pad and any(geometry["pads"]):
+        # ONNX averages the declared padding (as zeros) but not what ceil_mode adds past it:
+        # pad explicitly, then average the padded input's elements only.
+        pads = _as_2d(geometry, dims)["paddings"]
+        x = node.op("pad", {"X": x}, {"paddings": [0, 0, 0, 0, *pads], "pad_value": 0.0})
+        geometry = {**geometry, "pads": [0] * len(geometry["pads"])}
+    attrs = {
+        "pooling_type": "max" if node.op_type == "MaxPool" else "avg",
+        "ksize": list(kernel) if dims == 2 else [1, *kernel],
+        "strides": _as_2d(geometry, dims)["strides"],
+        "paddings": _as_2d(geometry, dims)["paddings"],
+        "ceil_mode": ceil_mode,
+        "exclusive": True,
+    }
+    y = node.op("pool2d", {"X": x}, attrs)
+    if dtype in ("int8", "uint8"):
+        y = node.op("cast", {"X": y}, {"out_dtype": dtype})
+    _from_4d(node, y, dims)
+
+
+@mapper("GlobalAveragePool", "GlobalMaxPool")
+def global_pool(node: Node) -> None:
+    rank = node.rank(0)
+    op_type = "reduce_mean" if node.op_type == "GlobalAveragePool" else "reduce_max"
+    attrs = {"dim": list(range(2, rank)), "keep_dim": True}
+    node.op(op_type, {"X": node.input(0)}, attrs, out=0)
+
+
+# ---- normalisation ----
+
+
+def _mark_statistics(node: Node, *indices: int) -> None:
+    """Running statistics are state, not trainable parameters."""
+    for i in indices:
+        var = node.graph.block.find_var(node.name_of(i))
+        if var is not None and var.is_parameter:
+            var.trainable = False
+
+
+@mapper("BatchNormalization")
+def batch_norm(node: Node) -> None:
+    epsilon = node.attr("epsilon", 1e-5)
+    training = bool(node.attr("training_mode", 0))
+    if node.wants_output(3) or node.wants_output(4):
+        raise node.unsupported("BatchNormalization's saved mean/variance outputs (opset < 9)")
+    _mark_statistics(node, 3, 4)
+    x, scale, bias, mean, var = (node.input(i) for i in range(5))
+    inputs = {"X": x, "Scale": scale, "Bias": bias, "Mean": mean, "Variance": var}
+    momentum = node.attr("momentum", 0.9)
+    if training and epsilon <= 1e-3:  # batch statistics; running ones move by momentum
+        attrs = {"is_test": False, "epsilon": epsilon, "momentum": momentum}
+        outputs = ("Y", "MeanOut", "VarianceOut")
+        node.op("batch_norm", inputs, attrs, outputs=outputs, out=(0, 1, 2))
+        return
+    if training:  # an epsilon outside batch_norm's range: the statistics composed
+        axes = [a for a in range(node.rank(0)) if a != 1]
+        normed, batch_mean, batch_var, _ = _standardized(node, x, axes, epsilon)
+        scaled = node.op("elementwise_mul", {"X": normed, "Y": scale}, {"axis": 1})
+        node.op("elementwise_add", {"X": scaled, "Y": bias}, {"axis": 1}, out=0)
+        for k, (running, batch) in enumerate(((mean, batch_mean), (var, batch_var)), 1):
+            flat = node.op("reshape", {"X": batch}, {"shape": [-1]})
+            kept = node.op("scale", {"X": running}, {"scale": momentum})
+            moved = node.op("scale", {"X": flat}, {"scale": 1.0 - momentum})
+            node.op("elementwise_add", {"X": kept, "Y": moved}, out=k)
+        return
+    if epsilon <= 1e-3:  # batch_norm's (Fluid's) range
+        node.op("batch_norm", inputs, {"is_test": True, "epsilon": epsilon}, outputs=("Y",), out=0)
+        return
+    # Y = (X - mean) * scale / sqrt(var + epsilon) + bias, per channel (dim 1)
+    shifted = node.op("scale", {"X": var}, {"bias": epsilon})
+    factor = node.op("elementwise_div", {"X": scale, "Y": node.op("sqrt", {"X": shifted})})
+    centered = node.op("elementwise_sub", {"X": x, "Y": mean}, {"axis": 1})
+    scaled = node.op("elementwise_mul", {"X": centered, "Y": factor}, {"axis": 1})
+    node.op("elementwise_add", {"X": scaled, "Y": bias}, {"axis": 1}, out=0)
+
+
+@mapper("InstanceNormalization")
+def instance_norm(node: Node) -> None:
+    # Each (sample, channel) normalised over its spatial dims, then scaled per channel.
+    axes = list(range(2, node.rank(0)))
+    normed = _standardized(node, node.input(0), axes, node.attr("epsilon", 1e-5))[0]
+    scaled = node.op("elementwise_mul", {"X": normed, "Y": node.input(1)}, {"axis": 1})
+    node.op("elementwise_add", {"X": scaled, "Y": node.input(2)}, {"axis": 1}, out=0)
+
+
+@mapper("LayerNormalization")
+def layer_norm(node: Node) -> None:
+    if node.attr("stash_type", 1) != 1:
+        raise node.unsupported(f"stash_type {node.attr('stash_type')}")
+    rank = node.rank(0)
+    axis = node.attr("axis", -1) % rank
+    epsilon = node.attr("epsilon", 1e-5)
+    x = node.input(0)
+    statistics = node.wants_output(1) or node.wants_output(2)
+    if statistics or axis == 0 or epsilon > 1e-3 or node.shape(1) != node.shape(0)[axis:]:
+        _layer_norm_composed(node, x, list(range(axis, rank)), epsilon)
+        return
+    width = int(np.prod(node.shape(0)[axis:]))
+    scale = node.op("reshape", {"X": node.input(1)}, {"shape": [width]})
+    bias = None
+    if node.has_input(2):
+        bias = node.op("reshape", {"X": node.input(2)}, {"shape": [width]})
+    attrs = {"epsilon": epsilon, "begin_norm_axis": axis}
+    node.op("layer_norm", {"X": x, "Scale": scale, "Bias": bias}, attrs, outputs=("Y",), out=0)
+
+
+def _standardized(node: Node, x: str, axes: list[int], epsilon: float) -> tuple[str, ...]:
+    """(x - mean) / sqrt(var + epsilon) over `axes` (biased variance), with mean, var and
+    1 / sqrt(var + epsilon), each keeping the reduced dims as 1."""
+    keep = {"dim": axes, "keep_dim": True}
+    mean = node.op("reduce_mean", {"X": x}, keep)
+    centered = node.op("elementwise_sub", {"X": x, "Y": mean})
+    var = node.op("reduce_mean", {"X": node.op("square", {"X": centered})}, keep)
+    inv_std = node.op("rsqrt", {"X": node.op("scale", {"X": var}, {"bias": epsilon})})
+    return node.op("elementwise_mul", {"X": centered, "Y": inv_std}), mean, var, inv_std
+
+
+def _layer_norm_composed(node: Node, x: str, axes: list[int], epsilon: float) -> None:
+    """LayerNormalization from reductions; also gives its Mean and InvStdDev outputs."""
+    normed, mean, _, inv_std = _standardized(node, x, axes, epsilon)
+    y = node.op("elementwise_mul", {"X": normed, "Y": node.input(1)})
+    if node.has_input(2):
+        y = node.op("elementwise_add", {"X": y, "Y": node.input(2)})
+    node.set_output(0, y)
+    node.set_output(1, mean)
+    node.set_output(2, inv_std)
+
+
+@mapper("LRN")
+def lrn(node: Node) -> None:
+    size = node.attr("size")
+    attrs = {
+        "n": size,
+        "k": node.attr("bias", 1.0),
+        "alpha": node.attr("alpha", 1e-4) / size,  # ONNX divides alpha by size; Fluid not
+        "beta": node.attr("beta", 0.75),
+    }
+    node.op("lrn", {"X": node.input(0)}, attrs, outputs=("Out", "MidOut"), out=(0, None))
+
+
+@mapper("Dropout")
+def dropout(node: Node) -> None:
+    """Inference: the input passes through (the mask, if asked for, is all true)."""
+    training = node.const(2) if node.has_input(2) else None
+    if node.has_input(2) and (training is None or bool(np.asarray(training).reshape(-1)[0])):
+        ratio = node.const(1) if node.has_input(1) else None
+        if ratio is None or float(np.asarray(ratio).reshape(-1)[0]) != 0.0:
+            raise node.unsupported("Dropout in training mode (random masks)")
+    x = node.input(0)
+    node.set_output(0, node.name_of(0))
+    if node.wants_output(1):
+        mask_dtype = "bool" if node.opset >= 10 else node.dtype(0)
+        node.op("fill_any_like", {"X": x}, {"value": 1.0, "dtype": mask_dtype}, out=1)
+
+
+# ---- softmax family ----
+
+
+def _coerced_2d(node: Node, x: str, axis: int, rank: int, op_type: str, out: int) -> None:
+    """Softmax before opset 13: X flattened to 2-D at `axis`, op over the rows, reshaped back."""
+    if axis == rank - 1:
+        node.op(op_type, {"X": x}, {"axis": -1}, out=out)
+        return
+    flat = node.op("flatten", {"X": x}, {"axis": axis})
+    y = node.op(op_type, {"X": flat}, {"axis": -1})
+    shape = node.shape(0)
+    if -1 not in shape:
+        node.op("reshape", {"X": y}, {"shape": list(shape)}, out=out)
+    else:
+        node.op("onnx_reshape", {"X": y, "Shape": node.op("onnx_shape", {"Input": x})}, out=out)
+
+
+@mapper("Softmax")
+def softmax(node: Node) -> None:
+    rank = node.rank(0)
+    if node.opset >= 13:
+        node.op("softmax", {"X": node.input(0)}, {"axis": node.attr("axis", -1)}, out=0)
+        return
+    _coerced_2d(node, node.input(0), node.attr("axis", 1) % max(rank, 1), rank, "softmax", 0)
+
+
+@mapper("LogSoftmax")
+def log_softmax(node: Node) -> None:
+    rank = node.rank(0)
+    axis = node.attr("axis", -1 if node.opset >= 13 else 1) % max(rank, 1)
+    if node.opset < 13 and axis != rank - 1:
+        _coerced_2d(node, node.input(0), axis, rank, "onnx_log_softmax", 0)
+        return
+    node.op("onnx_log_softmax", {"X": node.input(0)}, {"axis": axis}, out=0)

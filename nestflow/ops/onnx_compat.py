@@ -1,0 +1,526 @@
+"""Ops for ONNX semantics that nestflow's Fluid-style ops do not compose: what the ONNX
+importer (nestflow.onnx) emits where an ONNX operand that Fluid takes as an attribute (a
+shape, axes, pads, repeats, split sizes) is only known at run time, plus erf and log_softmax.
+
+Each op reads its attribute-like tensors (int64 or int32, any shape holding the values) when
+it runs, with ONNX's rules: negative axes count from the end, Slice clamps its bounds, Gather
+takes negative indices. Names carry the `onnx_` prefix so that they never clash with a Fluid
+op of the same name; the importer uses Fluid's ops (reshape, slice, pad, squeeze, ...) when
+those values are known at import.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+
+import numpy as np
+
+from nestflow.core.dtype import is_floating
+from nestflow.errors import AttrError, DTypeError, ShapeError
+from nestflow.ops.indexing import check_index_range
+from nestflow.ops.registry import Required, VarInfo, fail, get_op_def, register_op
+
+
+def _values(tensor: np.ndarray | None) -> list[int]:
+    return [] if tensor is None else [int(v) for v in np.asarray(tensor).reshape(-1)]
+
+
+def _require_ints(info: VarInfo | None, slot: str) -> None:
+    if info is not None and np.dtype(info.dtype).kind not in "iu":
+        raise DTypeError(f"{slot} must hold integers (int64), got {info.dtype}")
+
+
+def _length(info: VarInfo, slot: str, needed: bool = True) -> int:
+    """How many values the 1-D (or 0-d) tensor `info` holds. When unknown: -1, or (`needed`:
+    the rank of the op's result depends on it) a ShapeError."""
+    if info.ndim > 1:
+        fail(f"{slot} must be a vector, got shape {list(info.shape)}")
+    count = info.shape[0] if info.ndim else 1
+    if count < 0 and needed:
+        fail(
+            f"{slot} holds a number of values unknown when the program is built, so the rank "
+            f"of the result cannot be resolved"
+        )
+    return count
+
+
+def _axes(axes: list[int], ndim: int, what: str) -> list[int]:
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ShapeError(f"{what}: axis {a} is out of range for rank {ndim}")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"{what}: axes {axes} name a dim twice")
+    return out
+
+
+# ---- elementwise: erf, log_softmax ----
+
+
+@register_op
+class onnx_erf:
+    """Out = erf(X), the Gauss error function (float X, computed in float64)."""
+
+    inputs, outputs = ("X",), ("Out",)
+
+    def infer(X):
+        if not is_floating(X.dtype):
+            raise DTypeError(f"onnx_erf needs a floating-point X, got {X.dtype}")
+        return X
+
+    def forward(X):
+        flat = np.fromiter(map(math.erf, X.ravel().tolist()), np.float64, count=X.size)
+        return flat.reshape(X.shape).astype(X.dtype)
+
+    def backward(X, Out, Out_grad):
+        slope = np.exp(-np.square(X.astype(np.float64))) * (2.0 / math.sqrt(math.pi))
+        return (np.asarray(Out_grad * slope).astype(X.dtype),)
+
+
+@register_op
+class onnx_log_softmax:
+    """Out = X - log(sum(exp(X))) along `axis` (computed from X - max, never overflowing)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {"axis": -1}
+
+    def infer(X, axis):
+        if not is_floating(X.dtype):
+            raise DTypeError(f"onnx_log_softmax needs a floating-point X, got {X.dtype}")
+        if X.ndim and not -X.ndim <= axis < X.ndim:
+            fail(f"axis {axis} is out of range for X {list(X.shape)}")
+        return X
+
+    def forward(X, axis):
+        if not X.size:
+            return X.copy()
+        shifted = X - X.max(axis=axis, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+    def backward(X, Out, Out_grad, axis):
+        return (Out_grad - np.exp(Out) * Out_grad.sum(axis=axis, keepdims=True),)
+
+
+# ---- shapes from tensors: reshape, constant_of_shape, unsqueeze, squeeze, tile ----
+
+
+@register_op
+class onnx_reshape:
+    """Out = X reshaped to the values of Shape: 0 copies X's dim (unless `allowzero`), one -1
+    is inferred (ONNX Reshape)."""
+
+    inputs, outputs = ("X", "Shape"), ("Out",)
+    attrs = {"allowzero": False}
+    no_grad_inputs = ("Shape",)
+
+    def infer(X, Shape, allowzero):
+        _require_ints(Shape, "Shape")
+        return VarInfo((-1,) * _length(Shape, "Shape"), X.dtype)
+
+    def forward(X, Shape, allowzero):
+        target = _values(Shape)
+        if not allowzero:
+            target = [X.shape[i] if d == 0 and i < X.ndim else d for i, d in enumerate(target)]
+        try:
+            return X.reshape(target)
+        except ValueError:
+            raise ShapeError(f"cannot reshape X {list(X.shape)} to {_values(Shape)}") from None
+
+    def backward(X, Shape, Out, Out_grad, allowzero):
+        return (Out_grad.reshape(X.shape),)
+
+
+@register_op
+class onnx_constant_of_shape:
+    """Out = a tensor of the shape held by Input (int64 values), filled with `value`."""
+
+    inputs, outputs = ("Input",), ("Out",)
+    attrs = {"value": 0.0, "dtype": "float32"}
+
+    def infer(Input, value, dtype):
+        _require_ints(Input, "Input")
+        return VarInfo((-1,) * _length(Input, "Input"), dtype)
+
+    def forward(Input, value, dtype):
+        shape = _values(Input)
+        if any(d < 0 for d in shape):
+            raise ShapeError(f"Input holds a negative dim: {shape}")
+        return np.full(shape, value, dtype=dtype)
+
+
+@register_op
+class onnx_unsqueeze:
+    """Out = X with a dim of 1 at each of the Axes (positions in Out, negative from its end)."""
+
+    inputs, outputs = ("X", "Axes"), ("Out",)
+    no_grad_inputs = ("Axes",)
+
+    def infer(X, Axes):
+        _require_ints(Axes, "Axes")
+        return VarInfo((-1,) * (X.ndim + _length(Axes, "Axes")), X.dtype)
+
+    def forward(X, Axes):
+        axes = _axes(_values(Axes), X.ndim + len(_values(Axes)), "onnx_unsqueeze")
+        return np.expand_dims(X, tuple(axes))
+
+    def backward(X, Axes, Out, Out_grad):
+        return (Out_grad.reshape(X.shape),)
+
+
+@register_op
+class onnx_squeeze:
+    """Out = X without the Axes (each of size 1); without Axes, every dim of size 1."""
+
+    inputs, outputs = ("X", "Axes?"), ("Out",)
+    no_grad_inputs = ("Axes",)
+
+    def infer(X, Axes):
+        _require_ints(Axes, "Axes")
+        if Axes is None:  # unknown dims are taken to stay (not to be 1)
+            return VarInfo(tuple(d for d in X.shape if d != 1), X.dtype)
+        return VarInfo((-1,) * (X.ndim - _length(Axes, "Axes")), X.dtype)
+
+    def forward(X, Axes):
+        if Axes is None:
+            return np.squeeze(X)
+        axes = _axes(_values(Axes), X.ndim, "onnx_squeeze")
+        bad = [a for a in axes if X.shape[a] != 1]
+        if bad:
+            raise ShapeError(f"cannot squeeze dims {bad} of X {list(X.shape)}: not of size 1")
+        return np.squeeze(X, axis=tuple(axes))
+
+    def backward(X, Axes, Out, Out_grad):
+        return (Out_grad.reshape(X.shape),)
+
+
+@register_op
+class onnx_tile:
+    """Out = X repeated Repeats[i] times along each dim i (np.tile; len(Repeats) = rank)."""
+
+    inputs, outputs = ("X", "Repeats"), ("Out",)
+    no_grad_inputs = ("Repeats",)
+
+    def infer(X, Repeats):
+        _require_ints(Repeats, "Repeats")
+        count = _length(Repeats, "Repeats", needed=False)
+        if count not in (-1, X.ndim):
+            fail(f"Repeats holds {count} values but X {list(X.shape)} has rank {X.ndim}")
+        return VarInfo((-1,) * X.ndim, X.dtype)
+
+    def forward(X, Repeats):
+        repeats = _values(Repeats)
+        if len(repeats) != X.ndim or any(r < 0 for r in repeats):
+            raise ShapeError(f"Repeats {repeats} must hold {X.ndim} values >= 0")
+        return np.tile(X, repeats)
+
+    def backward(X, Repeats, Out, Out_grad):
+        # Out's dim i is (repeats[i], X.shape[i]): sum the repeat axes away.
+        split = [v for r, d in zip(_values(Repeats), X.shape) for v in (r, d)]
+        grad = Out_grad.reshape(split).sum(axis=tuple(range(0, 2 * X.ndim, 2)))
+        return (grad.reshape(X.shape),)
+
+
+# ---- indexing: slice, gather, split ----
+
+
+def slice_index(shape, starts, ends, axes, steps) -> tuple[builtins.slice, ...]:
+    """ONNX Slice's bounds as Python slices: negative starts/ends count from the end, then
+    clamp to [0, dim] ([0, dim - 1] and [-1, dim - 1] for a negative step)."""
+    index = [builtins.slice(None)] * len(shape)
+    axes = list(range(len(starts))) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ShapeError(
+            f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ in length"
+        )
+    for start, end, axis, step in zip(starts, ends, _axes(axes, len(shape), "slice"), steps):
+        dim = shape[axis]
+        if step == 0:
+            raise ShapeError(f"slice step 0 on axis {axis}")
+        start = start + dim if start < 0 else start
+        end = end + dim if end < 0 else end
+        if step > 0:
+            start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+        else:
+            start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+        index[axis] = builtins.slice(start, None if end < 0 else end, step)
+    return tuple(index)
+
+
+@register_op
+class onnx_slice:
+    """Out = Input[starts:ends:steps] along Axes (ONNX Slice; Axes default 0.., Steps 1)."""
+
+    inputs, outputs = ("Input", "Starts", "Ends", "Axes?", "Steps?"), ("Out",)
+    no_grad_inputs = ("Starts", "Ends", "Axes", "Steps")
+
+    def infer(Input, Starts, Ends, Axes, Steps):
+        for slot, info in (("Starts", Starts), ("Ends", Ends), ("Axes", Axes), ("Steps", Steps)):
+            _require_ints(info, slot)
+        return VarInfo((-1,) * Input.ndim, Input.dtype)
+
+    def forward(Input, Starts, Ends, Axes, Steps):
+        index = _slice_of(Input, Starts, Ends, Axes, Steps)
+        return Input[index]
+
+    def backward(Input, Starts, Ends, Axes, Steps, Out, Out_grad):
+        grad = np.zeros(Input.shape, Out_grad.dtype)
+        grad[_slice_of(Input, Starts, Ends, Axes, Steps)] = Out_grad
+        return (grad,)
+
+
+def _slice_of(Input, Starts, Ends, Axes, Steps):
+    axes = None if Axes is None else _values(Axes)
+    steps = None if Steps is None else _values(Steps)
+    return slice_index(Input.shape, _values(Starts), _values(Ends), axes, steps)
+
+
+@register_op
+class onnx_gather:
+    """Out = X's entries along `axis` picked by Index (any shape; negative indices count
+    from the end): Out.shape = X.shape[:axis] + Index.shape + X.shape[axis + 1:]."""
+
+    inputs, outputs = ("X", "Index"), ("Out",)
+    attrs = {"axis": 0}
+    no_grad_inputs = ("Index",)
+
+    def infer(X, Index, axis):
+        _require_ints(Index, "Index")
+        if not -X.ndim <= axis < X.ndim:
+            fail(f"axis {axis} is out of range for X {list(X.shape)}")
+        ax = axis % X.ndim
+        return VarInfo(X.shape[:ax] + Index.shape + X.shape[ax + 1 :], X.dtype)
+
+    def forward(X, Index, axis):
+        return np.take(X, _gather_index(X, Index, axis), axis=axis)
+
+    def backward(X, Index, Out, Out_grad, axis):
+        ax = axis % X.ndim
+        grad = np.zeros(X.shape, Out_grad.dtype)
+        index = (builtins.slice(None),) * ax + (_gather_index(X, Index, axis),)
+        np.add.at(grad, index, Out_grad)
+        return (grad,)
+
+
+def _gather_index(X: np.ndarray, Index: np.ndarray, axis: int) -> np.ndarray:
+    dim = X.shape[axis]
+    index = np.where(Index < 0, Index + dim, Index)
+    check_index_range(index, dim, f"onnx_gather from X {list(X.shape)} along axis {axis}")
+    return index
+
+
+@register_op
+class onnx_split:
+    """Out = X cut along `axis` into parts of the sizes in Split, or without Split into
+    `num` parts of ceil(dim / num) (the last one smaller)."""
+
+    inputs, outputs = ("X", "Split?"), ("Out*",)
+    attrs = {"axis": 0, "num": Required(int)}
+    no_grad_inputs = ("Split",)
+
+    def infer(X, Split, axis, num):
+        _require_ints(Split, "Split")
+        if not -X.ndim <= axis < X.ndim:
+            fail(f"axis {axis} is out of range for X {list(X.shape)}")
+        ax = axis % X.ndim
+        return [VarInfo(X.shape[:ax] + (-1,) + X.shape[ax + 1 :], X.dtype)] * num
+
+    def forward(X, Split, axis, num):
+        return np.split(X, np.cumsum(_split_sizes(X, Split, axis, num))[:-1], axis=axis)
+
+    def backward(X, Split, Out, Out_grad, axis, num):
+        grads = [np.zeros_like(o) if g is None else g for o, g in zip(Out, Out_grad or [])]
+        grads += [np.zeros_like(o) for o in Out[len(grads) :]]
+        return (np.concatenate(grads, axis=axis),)
+
+
+def _split_sizes(X: np.ndarray, Split, axis: int, num: int) -> list[int]:
+    dim = X.shape[axis]
+    if Split is None:
+        part = -(-dim // num)
+        return [min(part, max(dim - part * i, 0)) for i in range(num)]
+    sizes = _values(Split)
+    if len(sizes) != num or sum(sizes) != dim or any(s < 0 for s in sizes):
+        raise ShapeError(f"Split {sizes} must be {num} sizes >= 0 summing to {dim}")
+    return sizes
+
+
+# ---- pad ----
+
+_PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
+def _pad_positions(dim: int, before: int, after: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """For each output position along one dim: the input position it copies, and whether it
+    copies one (False: the constant)."""
+    positions = np.arange(-before, dim + after)
+    inside = (positions >= 0) & (positions < dim)
+    if mode == "constant" or dim == 0:
+        return np.clip(positions, 0, max(dim - 1, 0)), inside
+    if mode == "edge":
+        return np.clip(positions, 0, dim - 1), np.ones_like(inside)
+    if mode == "wrap":
+        return positions % dim, np.ones_like(inside)
+    if dim == 1:
+        return np.zeros_like(positions), np.ones_like(inside)
+    period = 2 * (dim - 1)
+    folded = np.abs(positions) % period
+    return np.where(folded >= dim, period - folded, folded), np.ones_like(inside)
+
+
+def _pad_plan(X: np.ndarray, Pads, Axes, mode: str) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    pads = _values(Pads)
+    axes = list(range(X.ndim)) if Axes is None else _axes(_values(Axes), X.ndim, "onnx_pad")
+    if len(pads) != 2 * len(axes):
+        raise ShapeError(f"Pads {pads} must hold 2 values per padded axis ({len(axes)})")
+    plan = []
+    for k, axis in enumerate(axes):
+        before, after = pads[k], pads[k + len(axes)]
+        if X.shape[axis] + before + after < 0:
+            raise ShapeError(f"Pads {pads} remove more than dim {axis} of X {list(X.shape)}")
+        if mode in ("reflect", "wrap") and X.shape[axis] == 0 and before + after > 0:
+            raise ShapeError(f"{mode} padding of the empty dim {axis} of X {list(X.shape)}")
+        plan.append((axis, *_pad_positions(X.shape[axis], before, after, mode)))
+    return plan
+
+
+@register_op
+class onnx_pad:
+    """Out = X padded by Pads ([begin per axis..., end per axis...]; negative values crop)
+    along Axes (default: every dim); `mode` constant (Value, default 0), reflect, edge, wrap."""
+
+    inputs, outputs = ("X", "Pads", "Value?", "Axes?"), ("Out",)
+    attrs = {"mode": "constant"}
+    no_grad_inputs = ("Pads", "Value", "Axes")
+
+    def infer(X, Pads, Value, Axes, mode):
+        if mode not in _PAD_MODES:
+            raise AttrError(f"mode must be one of {list(_PAD_MODES)}, got '{mode}'")
+        _require_ints(Pads, "Pads")
+        _require_ints(Axes, "Axes")
+        return VarInfo((-1,) * X.ndim, X.dtype)
+
+    def forward(X, Pads, Value, Axes, mode):
+        out = X
+        fill = np.zeros((), X.dtype) if Value is None else np.asarray(Value).reshape(-1)[0]
+        for axis, source, inside in _pad_plan(X, Pads, Axes, mode):
+            out = np.take(out, source, axis=axis) if out.shape[axis] else _empty(out, axis, source)
+            if mode == "constant" and not inside.all():
+                shape = [1] * out.ndim
+                shape[axis] = -1
+                out = np.where(inside.reshape(shape), out, fill).astype(X.dtype, copy=False)
+        return out
+
+    def backward(X, Pads, Value, Axes, Out, Out_grad, mode):
+        # Undo the per-axis steps last first: each output position's gradient goes back to the
+        # input position it copied (summed where several copy one), none from the constant.
+        plan = _pad_plan(X, Pads, Axes, mode)
+        shapes = [X.shape]  # the input shape of each step
+        for axis, source, _ in plan[:-1]:
+            shapes.append(shapes[-1][:axis] + (len(source),) + shapes[-1][axis + 1 :])
+        grad = Out_grad
+        for (axis, source, inside), shape in zip(reversed(plan), reversed(shapes)):
+            if mode == "constant":
+                keep = [1] * grad.ndim
+                keep[axis] = -1
+                grad = np.where(inside.reshape(keep), grad, 0).astype(Out_grad.dtype)
+            back = np.zeros(shape, Out_grad.dtype)
+            np.add.at(back, (builtins.slice(None),) * axis + (source,), grad)
+            grad = back
+        return (grad,)
+
+
+def _empty(out: np.ndarray, axis: int, source: np.ndarray) -> np.ndarray:
+    shape = list(out.shape)
+    shape[axis] = len(source)
+    return np.zeros(shape, out.dtype)
+
+
+# ---- reductions over axes given at run time ----
+
+_REDUCE_KINDS = {
+    "sum": "reduce_sum",
+    "mean": "reduce_mean",
+    "max": "reduce_max",
+    "min": "reduce_min",
+    "prod": "reduce_prod",
+}
+
+
+@register_op
+class onnx_reduce:
+    """Out = X reduced (`kind`: sum, mean, max, min, prod) over the dims in Axes; no Axes (or
+    none listed) reduces every dim, or none with `noop_with_empty_axes`. Max/min over no
+    elements give the dtype's lowest/highest value (ONNX's identity), -inf/inf for floats."""
+
+    inputs, outputs = ("X", "Axes?"), ("Out",)
+    attrs = {"kind": Required(str), "keepdims": True, "noop_with_empty_axes": False}
+    no_grad_inputs = ("Axes",)
+
+    def infer(X, Axes, kind, keepdims, noop_with_empty_axes):
+        if kind not in _REDUCE_KINDS:
+            raise AttrError(f"kind must be one of {list(_REDUCE_KINDS)}, got '{kind}'")
+        _require_ints(Axes, "Axes")
+        if keepdims:
+            return VarInfo((-1,) * X.ndim, X.dtype)
+        count = 0 if Axes is None else _length(Axes, "Axes")
+        if count == 0:
+            return VarInfo(X.shape if noop_with_empty_axes else (), X.dtype)
+        return VarInfo((-1,) * (X.ndim - count), X.dtype)
+
+    def forward(X, Axes, kind, keepdims, noop_with_empty_axes):
+        axes = _reduce_axes(X, Axes, noop_with_empty_axes)
+        if axes is None:
+            return X.copy()
+        if kind in ("max", "min") and any(X.shape[a] == 0 for a in axes):
+            return _empty_extreme(X, axes, kind, keepdims)
+        kwargs = {"dim": list(axes), "keep_dim": keepdims, "reduce_all": not axes}
+        return get_op_def(_REDUCE_KINDS[kind]).forward(X, **kwargs)
+
+    def backward(X, Axes, Out, Out_grad, kind, keepdims, noop_with_empty_axes):
+        axes = _reduce_axes(X, Axes, noop_with_empty_axes)
+        if axes is None:
+            return (Out_grad,)
+        kwargs = {"dim": list(axes), "keep_dim": keepdims, "reduce_all": not axes}
+        return get_op_def(_REDUCE_KINDS[kind]).backward(X, Out, Out_grad, **kwargs)
+
+
+def _reduce_axes(X, Axes, noop: bool) -> tuple[int, ...] | None:
+    """The axes to reduce, () for all, None for none (a no-op)."""
+    axes = _values(Axes)
+    if not axes:
+        return None if noop else tuple(range(X.ndim))
+    return tuple(sorted(_axes(axes, X.ndim, "onnx_reduce")))
+
+
+def _empty_extreme(X: np.ndarray, axes, kind: str, keepdims: bool) -> np.ndarray:
+    if X.dtype.kind == "f":
+        fill = -np.inf if kind == "max" else np.inf
+    elif X.dtype.kind == "b":
+        fill = kind == "min"
+    else:
+        info = np.iinfo(X.dtype)
+        fill = info.min if kind == "max" else info.max
+    shape = [1 if i in axes else d for i, d in enumerate(X.shape)]
+    if not keepdims:
+        shape = [d for i, d in enumerate(X.shape) if i not in axes]
+    return np.full(shape, fill, X.dtype)
+
+
+__all__ = [
+    "onnx_constant_of_shape",
+    "onnx_erf",
+    "onnx_gather",
+    "onnx_log_softmax",
+    "onnx_pad",
+    "onnx_reduce",
+    "onnx_reshape",
+    "onnx_slice",
+    "onnx_split",
+    "onnx_squeeze",
+    "onnx_tile",
+    "onnx_unsqueeze",
+    "slice_index",
+]

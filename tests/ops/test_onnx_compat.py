@@ -1,0 +1,396 @@
+"""The onnx_* ops (nestflow.ops.onnx_compat): ONNX semantics with attribute-like operands read at
+run time. NumPy references (ONNX's rules spelled out), float64 central-difference gradients,
+edge shapes (size 1, empty, 0-d), PyTorch where it has the op, and errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import nestflow as nf
+from nestflow.errors import DTypeError, ExecutionError, ShapeError
+from tests.ops.harness import OpCase, case_id
+
+R = np.random.default_rng(2024)
+
+
+def rand(*shape, dtype="float32"):
+    return R.standard_normal(shape).astype(dtype)
+
+
+def ints(*values):
+    return np.asarray(values, np.int64)
+
+
+# ---- references ----
+
+
+def ref_erf(X):
+    return {"Out": np.vectorize(math.erf, otypes=[np.float64])(X).astype(X.dtype)}
+
+
+def ref_log_softmax(X, axis=-1):
+    shifted = X - X.max(axis=axis, keepdims=True)
+    return {"Out": shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))}
+
+
+def ref_reshape(X, Shape, allowzero=False):
+    dims = [X.shape[i] if d == 0 and not allowzero else d for i, d in enumerate(Shape)]
+    return {"Out": X.reshape(dims)}
+
+
+def ref_constant_of_shape(Input, value=0.0, dtype="float32"):
+    return {"Out": np.full(tuple(Input), value, dtype)}
+
+
+def ref_unsqueeze(X, Axes):
+    rank = X.ndim + len(Axes)
+    return {"Out": np.expand_dims(X, tuple(sorted(a % rank for a in Axes)))}
+
+
+def ref_squeeze(X, Axes=None):
+    return {"Out": np.squeeze(X) if Axes is None else np.squeeze(X, tuple(Axes))}
+
+
+def ref_tile(X, Repeats):
+    return {"Out": np.tile(X, Repeats)}
+
+
+def ref_slice(Input, Starts, Ends, Axes=None, Steps=None):
+    """ONNX Slice written out: negative bounds count from the end, then clamp."""
+    axes = range(len(Starts)) if Axes is None else Axes
+    steps = [1] * len(Starts) if Steps is None else Steps
+    index = [slice(None)] * Input.ndim
+    for start, end, axis, step in zip(Starts, Ends, axes, steps):
+        dim = Input.shape[axis]
+        start, end = (v + dim if v < 0 else v for v in (start, end))
+        if step > 0:
+            start, end = np.clip(start, 0, dim), np.clip(end, 0, dim)
+        else:
+            start, end = np.clip(start, 0, dim - 1), np.clip(end, -1, dim - 1)
+        index[axis] = slice(int(start), None if end < 0 else int(end), int(step))
+    return {"Out": Input[tuple(index)]}
+
+
+def ref_gather(X, Index, axis=0):
+    index = np.where(Index < 0, Index + X.shape[axis], Index)
+    return {"Out": np.take(X, index, axis=axis)}
+
+
+def ref_split(X, Split=None, axis=0, num=1):
+    dim = X.shape[axis]
+    if Split is None:
+        part = -(-dim // num)
+        Split = [min(part, max(dim - part * i, 0)) for i in range(num)]
+    return {"Out": np.split(X, np.cumsum(Split)[:-1], axis=axis)}
+
+
+def ref_pad(X, Pads, Value=None, Axes=None, mode="constant"):
+    axes = list(range(X.ndim)) if Axes is None else [a % X.ndim for a in Axes]
+    pairs = [[0, 0] for _ in range(X.ndim)]
+    for k, axis in enumerate(axes):
+        pairs[axis] = [int(Pads[k]), int(Pads[k + len(axes)])]
+    out = X
+    # crop the negative pads, then pad the positive ones
+    index = tuple(slice(max(-b, 0), d - max(-a, 0)) for (b, a), d in zip(pairs, X.shape))
+    out = out[index]
+    positive = [(max(b, 0), max(a, 0)) for b, a in pairs]
+    if mode == "constant":
+        fill = 0 if Value is None else Value.reshape(-1)[0]
+        return {"Out": np.pad(out, positive, mode="constant", constant_values=fill)}
+    return {
+        "Out": np.pad(
+            out, positive, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]
+        )
+    }
+
+
+def ref_reduce(X, Axes=None, kind="sum", keepdims=True, noop_with_empty_axes=False):
+    axes = None if Axes is None or not len(Axes) else tuple(int(a) for a in Axes)
+    if axes is None and noop_with_empty_axes:
+        return {"Out": X}
+    fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}[kind]
+    return {"Out": np.asarray(fn(X, axis=axes, keepdims=keepdims), X.dtype)}
+
+
+CASES = [
+    # erf, log_softmax
+    OpCase("onnx_erf", {"X": rand(3, 4)}, ref_erf, grad=("X",), id="erf"),
+    OpCase("onnx_erf", {"X": rand(0, 2)}, ref_erf, id="erf_empty"),
+    OpCase("onnx_erf", {"X": np.asarray(0.3, np.float64)}, ref_erf, grad=("X",), id="erf_0d"),
+    OpCase("onnx_log_softmax", {"X": rand(2, 5)}, ref_log_softmax, grad=("X",), id="log_softmax"),
+    OpCase(
+        "onnx_log_softmax",
+        {"X": rand(2, 3, 4)},
+        ref_log_softmax,
+        {"axis": 1},
+        grad=("X",),
+        id="log_softmax_axis1",
+    ),
+    OpCase("onnx_log_softmax", {"X": rand(1, 1)}, ref_log_softmax, id="log_softmax_size1"),
+    # shapes from tensors
+    OpCase(
+        "onnx_reshape",
+        {"X": rand(2, 3, 4), "Shape": ints(0, -1)},
+        ref_reshape,
+        grad=("X",),
+        id="reshape_zero_copies",
+    ),
+    OpCase(
+        "onnx_reshape",
+        {"X": rand(0, 3), "Shape": ints(3, 0)},
+        ref_reshape,
+        {"allowzero": True},
+        id="reshape_allowzero",
+    ),
+    OpCase(
+        "onnx_reshape",
+        {"X": rand(6), "Shape": np.asarray([2, 3], np.int32)},
+        ref_reshape,
+        id="reshape_int32_shape",
+    ),
+    OpCase(
+        "onnx_constant_of_shape",
+        {"Input": ints(2, 3)},
+        ref_constant_of_shape,
+        {"value": 1.5, "dtype": "float64"},
+        id="constant_of_shape",
+    ),
+    OpCase(
+        "onnx_constant_of_shape",
+        {"Input": ints(0, 2)},
+        ref_constant_of_shape,
+        {"value": 7.0, "dtype": "int32"},
+        id="constant_of_shape_empty",
+    ),
+    OpCase(
+        "onnx_unsqueeze",
+        {"X": rand(3, 4), "Axes": ints(-1, 0)},
+        ref_unsqueeze,
+        grad=("X",),
+        id="unsqueeze_unsorted_negative",
+    ),
+    OpCase("onnx_unsqueeze", {"X": rand(), "Axes": ints(0)}, ref_unsqueeze, id="unsqueeze_0d"),
+    OpCase(
+        "onnx_squeeze",
+        {"X": rand(1, 3, 1), "Axes": ints(-1)},
+        ref_squeeze,
+        grad=("X",),
+        id="squeeze",
+    ),
+    OpCase("onnx_squeeze", {"X": rand(1, 3, 1)}, ref_squeeze, id="squeeze_all"),
+    OpCase("onnx_tile", {"X": rand(2, 3), "Repeats": ints(2, 1)}, ref_tile, grad=("X",), id="tile"),
+    OpCase("onnx_tile", {"X": rand(2, 1), "Repeats": ints(0, 3)}, ref_tile, id="tile_zero"),
+    # indexing
+    OpCase(
+        "onnx_slice",
+        {"Input": rand(5, 6), "Starts": ints(1, -2), "Ends": ints(4, 100), "Axes": ints(0, 1)},
+        ref_slice,
+        grad=("Input",),
+        id="slice",
+    ),
+    OpCase(
+        "onnx_slice",
+        {
+            "Input": rand(5, 6),
+            "Starts": ints(-1, 0),
+            "Ends": ints(-100, 6),
+            "Axes": ints(0, -1),
+            "Steps": ints(-2, 3),
+        },
+        ref_slice,
+        grad=("Input",),
+        id="slice_negative_steps",
+    ),
+    OpCase(
+        "onnx_slice",
+        {"Input": rand(4, 3), "Starts": ints(10), "Ends": ints(20)},
+        ref_slice,
+        id="slice_out_of_bounds_is_empty",
+    ),
+    OpCase(
+        "onnx_gather",
+        {"X": rand(4, 3), "Index": ints(3, -1, 0, 3)},
+        ref_gather,
+        grad=("X",),
+        id="gather_repeated_negative",
+    ),
+    OpCase(
+        "onnx_gather",
+        {"X": rand(2, 5, 3), "Index": np.asarray([[1, 4], [0, -5]], np.int32)},
+        ref_gather,
+        {"axis": 1},
+        grad=("X",),
+        id="gather_axis1_2d_index",
+    ),
+    OpCase(
+        "onnx_gather",
+        {"X": rand(3, 2), "Index": np.asarray(2, np.int64)},
+        ref_gather,
+        grad=("X",),
+        id="gather_0d_index",
+    ),
+    OpCase(
+        "onnx_split",
+        {"X": rand(5, 2), "Split": ints(1, 0, 4)},
+        ref_split,
+        {"num": 3},
+        grad=("X",),
+        id="split_sizes_with_zero",
+    ),
+    OpCase(
+        "onnx_split",
+        {"X": rand(2, 7)},
+        ref_split,
+        {"axis": 1, "num": 3},
+        grad=("X",),
+        id="split_uneven",
+    ),
+    # pad
+    OpCase(
+        "onnx_pad",
+        {"X": rand(2, 3), "Pads": ints(1, 0, 2, 1), "Value": np.asarray(2.5, np.float32)},
+        ref_pad,
+        grad=("X",),
+        id="pad_constant",
+    ),
+    OpCase(
+        "onnx_pad",
+        {"X": rand(3, 4), "Pads": ints(-1, 2, 0, -2)},
+        ref_pad,
+        grad=("X",),
+        id="pad_negative_crops",
+    ),
+    OpCase(
+        "onnx_pad",
+        {"X": rand(3, 4), "Pads": ints(2, 3, 1, 2)},
+        ref_pad,
+        {"mode": "reflect"},
+        grad=("X",),
+        id="pad_reflect",
+    ),
+    OpCase(
+        "onnx_pad",
+        {"X": rand(2, 3), "Pads": ints(3, 1, 0, 4)},
+        ref_pad,
+        {"mode": "edge"},
+        grad=("X",),
+        id="pad_edge",
+    ),
+    OpCase(
+        "onnx_pad",
+        {"X": rand(2, 3), "Pads": ints(1, 4, 2, 0)},
+        ref_pad,
+        {"mode": "wrap"},
+        grad=("X",),
+        id="pad_wrap",
+    ),
+    OpCase(
+        "onnx_pad",
+        {"X": rand(2, 3, 2), "Pads": ints(1, 2), "Axes": ints(-2)},
+        ref_pad,
+        grad=("X",),
+        id="pad_axes",
+    ),
+    OpCase(
+        "onnx_pad",
+        {"X": rand(1, 3), "Pads": ints(2, 0, 1, 0)},
+        ref_pad,
+        {"mode": "reflect"},
+        id="pad_reflect_size1",
+    ),
+    # reductions over run-time axes
+    *[
+        OpCase(
+            "onnx_reduce",
+            {
+                "X": rand(2, 3, 4, dtype="float64") + (3 if kind == "prod" else 0),
+                "Axes": ints(-1, 0),
+            },
+            ref_reduce,
+            {"kind": kind, "keepdims": keep},
+            grad=("X",),
+            id=f"reduce_{kind}_{'keep' if keep else 'drop'}",
+        )
+        for kind in ("sum", "mean", "max", "min", "prod")
+        for keep in (True, False)
+    ],
+    OpCase(
+        "onnx_reduce",
+        {"X": rand(2, 3), "Axes": np.zeros(0, np.int64)},
+        ref_reduce,
+        {"kind": "sum", "noop_with_empty_axes": True},
+        grad=("X",),
+        id="reduce_empty_axes_noop",
+    ),
+    OpCase(
+        "onnx_reduce",
+        {"X": rand(2, 3)},
+        ref_reduce,
+        {"kind": "mean", "keepdims": False},
+        id="reduce_all_dims",
+    ),
+    OpCase(
+        "onnx_reduce",
+        {"X": rand(2, 0), "Axes": ints(1)},
+        lambda X, Axes, **a: {"Out": np.full((2, 1), -np.inf, np.float32)},
+        {"kind": "max"},
+        id="reduce_max_of_nothing_is_-inf",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_op(case):
+    case.check()
+
+
+def test_erf_and_log_softmax_equal_torch():
+    torch = pytest.importorskip("torch")
+    x = rand(4, 7, dtype="float64")
+    main = nf.Program()
+    block = main.global_block()
+    block.create_var("x", x.shape, "float64")
+    for name, op in (("e", "onnx_erf"), ("l", "onnx_log_softmax")):
+        block.create_var(name)
+        block.append_op(op, {"X": ["x"]}, {"Out": [name]})
+    e, ls = nf.Executor().run(main, feed={"x": x}, fetch_list=["e", "l"], scope=nf.Scope())
+    np.testing.assert_allclose(e, torch.erf(torch.from_numpy(x)).numpy(), rtol=1e-12, atol=1e-14)
+    expected = torch.log_softmax(torch.from_numpy(x), dim=-1).numpy()
+    np.testing.assert_allclose(ls, expected, rtol=1e-12, atol=1e-14)
+
+
+def _one_op(op_type, inputs, attrs=None, out_count=None):
+    main = nf.Program()
+    block = main.global_block()
+    for name, value in inputs.items():
+        block.create_var(name, np.shape(value), np.asarray(value).dtype)
+    outs = ["out"] if out_count is None else [f"out{i}" for i in range(out_count)]
+    for name in outs:
+        block.create_var(name)
+    slots = {k: [k] for k in inputs}
+    block.append_op(op_type, slots, {"Out": outs}, attrs or {})
+    return main
+
+
+def test_run_time_errors_name_the_values():
+    main = _one_op("onnx_gather", {"X": rand(3, 2), "Index": ints(0, 3)})
+    with pytest.raises(ExecutionError, match="index 3"):
+        nf.Executor().run(main, feed={"X": rand(3, 2), "Index": ints(0, 3)}, scope=nf.Scope())
+    main = _one_op("onnx_reshape", {"X": rand(2, 3), "Shape": ints(4, -1)})
+    with pytest.raises(ShapeError, match="cannot reshape"):
+        nf.Executor().run(main, feed={"X": rand(2, 3), "Shape": ints(4, -1)}, scope=nf.Scope())
+    main = _one_op("onnx_squeeze", {"X": rand(2, 3), "Axes": ints(0)})
+    with pytest.raises(ShapeError, match="not of size 1"):
+        nf.Executor().run(main, feed={"X": rand(2, 3), "Axes": ints(0)}, scope=nf.Scope())
+
+
+def test_build_time_errors():
+    with pytest.raises(DTypeError, match="Shape must hold integers"):
+        _one_op("onnx_reshape", {"X": rand(2, 3), "Shape": rand(2)})
+    with pytest.raises(DTypeError, match="floating-point"):
+        _one_op("onnx_erf", {"X": ints(1, 2)})
+    with pytest.raises(ShapeError, match="Repeats holds 3 values"):
+        _one_op("onnx_tile", {"X": rand(2, 3), "Repeats": ints(1, 2, 3)})
