@@ -12,7 +12,12 @@ from nestflow.errors import NestflowError
 
 
 class Place:
-    """Base of all places; `array_module` is the NumPy-compatible module that allocates there."""
+    """Base of all places; `array_module` is the NumPy-compatible module that allocates there.
+
+    >>> place = nf.CPUPlace()
+    >>> isinstance(place, nf.Place), place.array_module is np
+    (True, True)
+    """
 
     @property
     def array_module(self) -> ModuleType:
@@ -24,7 +29,12 @@ class Place:
 
 @dataclass(frozen=True)
 class CPUPlace(Place):
-    """Host memory, NumPy arrays."""
+    """Host memory, NumPy arrays.
+
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> nf.CPUPlace().to_host([1, 2])
+    array([1, 2])
+    """
 
     @property
     def array_module(self) -> ModuleType:
@@ -41,7 +51,15 @@ def is_compiled_with_cuda() -> bool:
 
 @dataclass(frozen=True)
 class CUDAPlace(Place):
-    """GPU memory through CuPy; creating one without CuPy raises NestflowError."""
+    """GPU memory through CuPy; creating one without CuPy raises NestflowError.
+
+    >>> try:
+    ...     place = nf.CUDAPlace(0)
+    ... except nf.errors.NestflowError:  # no CuPy here: fall back to the host
+    ...     place = nf.CPUPlace()
+    >>> place.array_module.zeros(2).shape
+    (2,)
+    """
 
     device_id: int = 0
 

@@ -32,7 +32,12 @@ def set_num_threads(n: int) -> None:
 
 def get_num_threads() -> int:
     """The number of threads BLAS uses for a matrix product (the largest over the BLAS
-    libraries loaded; the OpenMP pools' if no BLAS is loaded; 1 if neither is)."""
+    libraries loaded; the OpenMP pools' if no BLAS is loaded; 1 if neither is).
+
+    >>> n = nf.get_num_threads()
+    >>> isinstance(n, int) and n >= 1
+    True
+    """
     from threadpoolctl import threadpool_info
 
     pools = threadpool_info()

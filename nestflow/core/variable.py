@@ -17,6 +17,14 @@ class Variable:
 
     `get(T)` checks the held type. Once the owning scope is destroyed every method raises
     ScopeDestroyedError, so a kept reference never reads stale data (seed 001's weak pointers).
+
+    >>> scope = nf.Scope()
+    >>> v = scope.var("w")
+    >>> v.is_initialized()
+    False
+    >>> v.get_mutable(nf.Tensor).set(np.zeros(3, "float32"))
+    >>> v.is_type(nf.Tensor), v.get(nf.Tensor).shape
+    (True, (3,))
     """
 
     __slots__ = ("_name", "_value", "_alive", "__weakref__")

@@ -32,7 +32,14 @@ _global_scope = Scope()
 
 
 def global_scope() -> Scope:
-    """The scope Executor.run uses when none is given."""
+    """The scope Executor.run uses when none is given.
+
+    >>> w = nf.var(0.5, param=True, name="w")
+    >>> exe = nf.Executor()
+    >>> _ = exe.run(nf.default_startup_program())  # persistables land in the global scope
+    >>> nf.global_scope().find_var("w").get(nf.Tensor).numpy()
+    array([0.5], dtype=float32)
+    """
     return _global_scope
 
 
@@ -68,7 +75,16 @@ class _ProgramPlan:
 
 class Executor:
     """Runs programs on a Place. Plans are prepared once per program version and reused (by
-    every executor: a plan depends on the program alone)."""
+    every executor: a plan depends on the program alone).
+
+    >>> x = nf.data("x", shape=[-1, 2], dtype="float32")
+    >>> ones = nf.ParamAttr(initializer=nf.initializer.Constant(1.0))
+    >>> y = nf.layers.fc(x, size=1, param_attr=ones)
+    >>> exe = nf.Executor(nf.CPUPlace())
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> exe.run(feed={"x": np.array([[1.0, 2.0]], "float32")}, fetch_list=[y])
+    [array([[3.]], dtype=float32)]
+    """
 
     def __init__(self, place: Place | None = None, check_nan_inf: bool = False):
         self.place = place if place is not None else CPUPlace()

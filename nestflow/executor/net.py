@@ -42,7 +42,17 @@ from nestflow.ops.registry import get_op_def, validate_op
 
 
 class Net:
-    """The seed's Net: ops that run in a given scope. `Net.create(desc)` picks the kind."""
+    """The seed's Net: ops that run in a given scope. `Net.create(desc)` picks the kind.
+
+    >>> net = nf.Net.create()
+    >>> net.add_op("scale", inputs={"X": ["a"]}, outputs={"Out": ["b"]}, attrs={"scale": 3.0})
+    0
+    >>> scope = nf.Scope()
+    >>> scope.var("a").get_mutable(nf.Tensor).set(np.ones(2, "float32"))
+    >>> net.run(scope)
+    >>> scope.find_var("b").get(nf.Tensor).numpy()  # left in the scope given to run
+    array([3., 3.], dtype=float32)
+    """
 
     @staticmethod
     def create(desc: pb.NetDesc | None = None) -> Net:
@@ -89,6 +99,18 @@ class PlainNet(Net):
     Ops whose inputs are declared get their outputs' shapes inferred when added (errors at build
     time). An input that is not declared yet is taken from the scope at run time; ops reading
     it (and what they compute) have their shapes inferred by `infer_shape(scope)`.
+
+    >>> net = nf.PlainNet()
+    >>> with net.building():
+    ...     x = nf.data("x", shape=[-1, 2], dtype="float32")
+    ...     y = nf.layers.reduce_sum(nf.layers.square(x))
+    >>> len(net), [op.type for op in net.ops]
+    (2, ['square', 'reduce_sum'])
+    >>> scope = nf.Scope()
+    >>> scope.var("x").get_mutable(nf.Tensor).set(np.array([[1.0, 2.0]], "float32"))
+    >>> net.run(scope)
+    >>> scope.find_var(y.name).get(nf.Tensor).numpy()
+    array(5., dtype=float32)
     """
 
     def __init__(self, desc: pb.NetDesc | None = None):

@@ -26,6 +26,15 @@ def prune(program: Program, targets: Sequence[VarDesc | str] | VarDesc | str) ->
 
     Raises NestflowError when a target is not a variable of the program's global block,
     TypeMismatchError when `program` is not a Program or a target not a variable or name.
+
+    >>> x = nf.data("x", shape=[-1, 2], dtype="float32")
+    >>> a = nf.layers.scale(x, scale=2.0)
+    >>> b = nf.layers.exp(x)
+    >>> small = nf.prune(nf.default_main_program(), [a])
+    >>> [op.type for op in small.global_block().ops]
+    ['scale']
+    >>> len(nf.default_main_program().global_block().ops)  # unchanged
+    2
     """
     if not isinstance(program, Program):
         raise TypeMismatchError(f"prune expects a nestflow Program, got {type(program).__name__}")

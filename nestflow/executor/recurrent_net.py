@@ -55,6 +55,19 @@ class RecurrentNet(Net):
     Made from a NetDesc of model_type RECURRENT, or directly with the link lists
     (`RecurrentNet(inlinks=["x"], outlinks=["h"], states=["h"], pre_states=["h_pre"],
     boot_states=["h0"])`) and then `add_op(...)` for each step op.
+
+    >>> net = nf.RecurrentNet(inlinks=["x"], outlinks=["h"], states=["h"],
+    ...                       pre_states=["h_pre"], boot_states=["h0"])
+    >>> net.add_var("x", [-1, 1]).name, net.add_var("h_pre", [-1, 1]).name
+    ('x', 'h_pre')
+    >>> net.add_op("elementwise_add", inputs={"X": ["h_pre"], "Y": ["x"]}, outputs={"Out": ["h"]})
+    0
+    >>> scope = nf.Scope()
+    >>> scope.var("x").get_mutable(nf.Tensor).set(np.array([[[1.0], [2.0], [3.0]]], "float32"))
+    >>> scope.var("h0").get_mutable(nf.Tensor).set(np.zeros((1, 1), "float32"))
+    >>> net.run(scope)  # h_t = h_{t-1} + x_t, one step scope per step
+    >>> len(net.step_scopes), scope.find_var("h").get(nf.Tensor).numpy().ravel().tolist()
+    (3, [1.0, 3.0, 6.0])
     """
 
     def __init__(

@@ -120,7 +120,15 @@ MSRA = Kaiming
 @dataclass
 class ParamAttr:
     """How a layer makes its parameter: name, initializer, trainable, and the regularizer
-    (an nf.regularizer object) that overrides the optimizer's for this parameter."""
+    (an nf.regularizer object) that overrides the optimizer's for this parameter.
+
+    >>> x = nf.data("x", shape=[-1, 3], dtype="float32")
+    >>> attr = nf.ParamAttr(name="w", initializer=nf.initializer.Constant(0.5))
+    >>> y = nf.layers.fc(x, size=2, param_attr=attr)
+    >>> w = nf.default_main_program().global_block().var("w")
+    >>> tuple(w.shape), w.persistable
+    ((3, 2), True)
+    """
 
     name: str | None = None
     initializer: Initializer | None = None
