@@ -778,8 +778,9 @@ def test_every_mapper_is_exercised_and_the_exclusions_are_real_ops():
     from nestflow.onnx.exporter import NOT_EXPORTED
     from nestflow.onnx.exporters import MAPPERS
     from nestflow.ops.registry import has_op
+    from tests.onnx.test_export_onnx_compat import CASES as ONNX_COMPAT_CASES
 
-    covered = {case.op_type for case in CASES} | CONTROL_FLOW
+    covered = {case.op_type for case in CASES + ONNX_COMPAT_CASES} | CONTROL_FLOW
     assert set(MAPPERS) - covered == set()
     assert covered - set(MAPPERS) == set()
     assert all(has_op(op) and op not in MAPPERS for op in NOT_EXPORTED)

@@ -10,6 +10,7 @@ from nestflow.onnx.exporters import (  # noqa: F401  (registers the mappers)
     math,
     nn,
     norm,
+    onnx_compat,
     reduce,
     schedule,
     sequence,
