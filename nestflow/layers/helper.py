@@ -134,7 +134,19 @@ def create_parameter(
     default_initializer: Initializer | None = None,
 ) -> VarDesc:
     """A parameter in the main program's global block, initialised by an op in the startup
-    program (Xavier by default for weights)."""
+    program (Xavier by default for weights).
+
+    >>> w = nf.layers.create_parameter([3, 2], "float32", name="w",
+    ...                                initializer=nf.initializer.Constant(0.1))
+    >>> tuple(w.shape), w.persistable, w.trainable
+    ((3, 2), True, True)
+    >>> exe = nf.Executor()
+    >>> _ = exe.run(nf.default_startup_program())  # runs w's initializer op
+    >>> exe.run(fetch_list=[w])[0]
+    array([[0.1, 0.1],
+           [0.1, 0.1],
+           [0.1, 0.1]], dtype=float32)
+    """
     main = default_main_program()
     name = name or unique_name.generate("param")
     existing = main.global_block().find_var(name)

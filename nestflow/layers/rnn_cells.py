@@ -97,7 +97,22 @@ def _map_shapes(function: Callable, shapes: Any, dtypes: Any) -> Any:
 class RNNCell:
     """The cell interface (Fluid 1.7 `layers.RNNCell`): `call(inputs, states, **kwargs)`
     returns `(outputs, new_states)` for one time step, states being one variable or a nested
-    list of them; `state_shape` gives their shapes without the batch dim."""
+    list of them; `state_shape` gives their shapes without the batch dim.
+
+    >>> class Accumulate(nf.layers.RNNCell):  # h_t = h_{t-1} + x_t
+    ...     def call(self, inputs, states):
+    ...         h = nf.layers.elementwise_add(states, inputs)
+    ...         return h, h
+    ...     @property
+    ...     def state_shape(self):
+    ...         return [1]
+    >>> x = nf.data("x", [-1, 3, 1])
+    >>> out, last = nf.layers.rnn(Accumulate(), x)
+    >>> got = nf.Executor().run(feed={"x": np.array([[[1], [2], [3]]], "float32")},
+    ...                         fetch_list=[out, last])
+    >>> got[0].ravel().tolist(), got[1].ravel().tolist()
+    ([1.0, 3.0, 6.0], [6.0])
+    """
 
     def call(self, inputs: Any, states: Any, **kwargs: Any) -> tuple[Any, Any]:
         raise NotImplementedError(f"{type(self).__name__} must define call(inputs, states)")
