@@ -18,7 +18,8 @@ per-row lengths) a Loop over the time steps whose memories and outputs are maske
 row's length; `while` a Loop; tensor arrays are ONNX sequences; `block` is inlined.
 
 Ops that do not export (UnknownOpError naming the op and its source line): the optimizer
-updates, the random fills, print (NOT_EXPORTED says why for each) and every gradient op.
+updates, the random fills, print (NOT_EXPORTED says why for each), every gradient op and the
+collective (c_*) ops of data-parallel training.
 Supported opsets: 13 to 21 (MIN_OPSET, MAX_OPSET: the opsets onnxruntime >= 1.18 runs, from
 the one where Split/Squeeze/Unsqueeze/ReduceSum take their axes as inputs); a few options
 need more (scatter with overwrite=False: 16).
@@ -369,6 +370,8 @@ def _no_export_message(op_type: str) -> str:
     why = NOT_EXPORTED.get(op_type)
     if why is None and op_type.endswith("_grad"):
         why = "gradient ops belong to training; export the forward program"
+    if why is None and op_type.startswith("c_"):
+        why = "collective ops exchange tensors between MPI ranks; export one rank's program"
     if why is None:
         why = "no ONNX mapper is registered for it"
     return f"op '{op_type}' cannot be exported to ONNX: {why}"

@@ -283,6 +283,20 @@ def test_training_ops_do_not_export():
         nf.onnx.export(main, "unused.onnx", ["x", "label"], ["hidden.w"], scope)
 
 
+def test_collective_ops_do_not_export():
+    from nestflow.ops.registry import has_op
+
+    if not has_op("c_allreduce_sum"):
+        pytest.skip("the collective ops of nf.distributed are not in this tree")
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 4])
+        total = main.global_block().create_var("total")
+        main.global_block().append_op("c_allreduce_sum", {"X": [x]}, {"Out": [total]})
+    with pytest.raises(UnknownOpError, match="op 'c_allreduce_sum'.*MPI ranks"):
+        nf.onnx.export(main, "unused.onnx", ["x"], [total], nf.Scope())
+
+
 @pytest.mark.parametrize("opset", [MIN_OPSET - 1, MAX_OPSET + 1, "17"])
 def test_opsets_outside_the_supported_range(opset):
     main, scope, x, y = _fc_program()
