@@ -92,6 +92,13 @@ class VarDesc:
     """A variable as the program describes it: name, shape (-1 = unknown), dtype and flags.
 
     Layers return these; `+ - * /` on them append elementwise ops (installed by nestflow.layers).
+
+    >>> x = nf.data("x", shape=[-1, 3], dtype="float32")
+    >>> x.name, tuple(x.shape), x.dtype, x.persistable
+    ('x', (-1, 3), 'float32', False)
+    >>> y = x * 2 + 1  # appends scale ops
+    >>> [op.type for op in nf.default_main_program().global_block().ops]
+    ['scale', 'scale']
     """
 
     def __init__(
@@ -234,7 +241,16 @@ class _Attrs(dict):
 
 
 class OpDesc:
-    """One operator in a block: its type, named input/output slots, attributes and source line."""
+    """One operator in a block: its type, named input/output slots, attributes and source line.
+
+    >>> block = nf.default_main_program().global_block()
+    >>> x = block.create_var("x", [2, 3], "float32")
+    >>> y = block.create_var("y", [2, 3], "float32")
+    >>> op = block.append_op("scale", inputs={"X": [x]}, outputs={"Out": [y]},
+    ...                      attrs={"scale": 2.0})
+    >>> op.type, op.input("X"), op.output("Out"), op.attr("scale")
+    ('scale', ['x'], ['y'], 2.0)
+    """
 
     def __init__(
         self,
@@ -500,6 +516,17 @@ class Block:
 
     `find_var` falls back to the parent block, so a sub-block sees its parents' variables, and
     a child's variable of the same name shadows the parent's.
+
+    >>> prog = nf.Program()
+    >>> outer = prog.global_block()
+    >>> w = outer.create_var("w", [2], "float32")
+    >>> inner = prog.create_block()  # a sub-block of the global block
+    >>> inner.parent is outer, inner.find_var("w") is w, inner.has_var("w")
+    (True, True, False)
+    >>> shadow = inner.create_var("w", [3], "float32")  # shadows the parent's w
+    >>> inner.find_var("w") is shadow
+    True
+    >>> prog.rollback()  # back to the global block
     """
 
     def __init__(self, program: Program, idx: int, parent_idx: int = -1):
@@ -699,7 +726,20 @@ def _short_repr(value: Any) -> str:
 
 
 class Program:
-    """A ProgramDesc: nested blocks of ops; block 0 is global. Printable, serialisable, cloneable."""
+    """A ProgramDesc: nested blocks of ops; block 0 is global. Printable, serialisable, cloneable.
+
+    >>> main, startup = nf.Program(), nf.Program()
+    >>> with nf.program_guard(main, startup):
+    ...     x = nf.data("x", shape=[-1, 2], dtype="float32")
+    ...     y = nf.layers.fc(x, size=3)
+    >>> [op.type for op in main.global_block().ops]
+    ['mul', 'elementwise_add']
+    >>> [op.type for op in startup.global_block().ops]  # the parameters' initialisers
+    ['uniform_random', 'fill_constant']
+    >>> again = nf.Program.from_bytes(main.to_bytes())  # the ProgramDesc round trip
+    >>> [op.type for op in again.global_block().ops], main.num_blocks
+    (['mul', 'elementwise_add'], 1)
+    """
 
     def __init__(self):
         self.blocks: list[Block] = [Block(self, 0, -1)]
@@ -949,10 +989,24 @@ _startup_program = Program()
 
 
 def default_main_program() -> Program:
+    """The program layers append their ops to (outside a program_guard).
+
+    >>> x = nf.data("x", shape=[-1, 2], dtype="float32")
+    >>> y = nf.layers.relu(x)
+    >>> [op.type for op in nf.default_main_program().global_block().ops]
+    ['relu']
+    """
     return _main_program
 
 
 def default_startup_program() -> Program:
+    """The program layers append their parameters' initialisers to: run it once first.
+
+    >>> x = nf.data("x", shape=[-1, 2], dtype="float32")
+    >>> y = nf.layers.fc(x, size=1)
+    >>> [op.type for op in nf.default_startup_program().global_block().ops]
+    ['uniform_random', 'fill_constant']
+    """
     return _startup_program
 
 
@@ -970,7 +1024,17 @@ def switch_startup_program(program: Program) -> Program:
 
 @contextlib.contextmanager
 def program_guard(main_program: Program, startup_program: Program | None = None):
-    """Within the block, layers append to `main_program` and initializers to `startup_program`."""
+    """Within the block, layers append to `main_program` and initializers to `startup_program`.
+
+    >>> main, startup = nf.Program(), nf.Program()
+    >>> with nf.program_guard(main, startup):
+    ...     x = nf.data("x", shape=[-1, 2], dtype="float32")
+    ...     y = nf.layers.fc(x, size=1)
+    >>> len(main.global_block().ops), len(startup.global_block().ops)
+    (2, 2)
+    >>> nf.default_main_program() is main  # restored on leaving the block
+    False
+    """
     if not isinstance(main_program, Program):
         raise TypeMismatchError(
             f"program_guard expects a nf.Program as main_program, got {type(main_program).__name__}"
