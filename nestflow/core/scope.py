@@ -35,6 +35,21 @@ class Scope:
     executor and the gradient ops read such values without a Variable per name (`_value`,
     `_local_value`), and to everything else the scope looks as if it held the Variables all
     along.
+
+    >>> root = nf.Scope()
+    >>> root.var("w").get_mutable(nf.Tensor).set(np.ones(2, "float32"))
+    >>> step = root.new_scope()  # a kid scope: lookups fall back to the parent
+    >>> step.find_var("w") is root.find_var("w"), step.find_local_var("w")
+    (True, None)
+    >>> h = step.var("h")  # local to the kid
+    >>> root.find_var("h") is None, root.kids == [step]
+    (True, True)
+    >>> root.drop_kids()  # destroys the kid and its variables
+    >>> try:
+    ...     h.name
+    ... except nf.errors.ScopeDestroyedError:
+    ...     print("destroyed")
+    destroyed
     """
 
     def __init__(self, parent: Scope | None = None):
