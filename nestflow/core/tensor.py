@@ -20,6 +20,16 @@ class Tensor:
     `mutable_data(shape, dtype)` allocates, and reallocates only when shape or dtype changes;
     `data()` raises UninitializedError before that. Interchanges with NumPy (`__array__`) and,
     zero-copy, with PyTorch/JAX (`__dlpack__`).
+
+    >>> t = nf.Tensor()
+    >>> t.is_allocated()
+    False
+    >>> buf = t.mutable_data([2, 3], "float32")  # allocates
+    >>> buf[:] = 1.0
+    >>> t.mutable_data([2, 3], "float32") is buf  # same shape and dtype: same buffer
+    True
+    >>> t.shape, t.dtype, float(np.asarray(t).sum())
+    ((2, 3), dtype('float32'), 6.0)
     """
 
     __slots__ = ("_array", "place", "__weakref__")
