@@ -301,6 +301,18 @@ def append_backward(
     with stop_gradient, in `no_grad_set` (names or VarDescs), non-trainable or unlisted
     parameters and integer/bool variables get no gradient. Raises NestflowError if an op
     without a gradient lies on a path gradients must take.
+
+    >>> x = nf.data("x", shape=[-1, 2], dtype="float32")
+    >>> y = nf.layers.fc(x, size=1, name="fc")
+    >>> loss = nf.layers.mean(y)
+    >>> [(p.name, g.name) for p, g in nf.append_backward(loss)]
+    [('fc.w', 'fc.w@GRAD'), ('fc.b', 'fc.b@GRAD')]
+    >>> exe = nf.Executor()
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> exe.run(feed={"x": np.array([[1.0, 2.0], [3.0, 4.0]], "float32")},
+    ...         fetch_list=["fc.w@GRAD", "fc.b@GRAD"])  # d mean / d w = mean of the rows
+    [array([[2.],
+           [3.]], dtype=float32), array([1.], dtype=float32)]
     """
     block = loss.block if isinstance(loss, VarDesc) else default_main_program().global_block()
     loss = _as_var(block, loss)
@@ -334,7 +346,15 @@ def gradients(
 ) -> list[VarDesc | None]:
     """Append ops computing d(sum of targets)/d input for each of `inputs` (like
     paddle.static.gradients / tf.gradients); returns the gradient variables, None for an input
-    the targets do not depend on. `target_gradients` seed the targets (default: ones)."""
+    the targets do not depend on. `target_gradients` seed the targets (default: ones).
+
+    >>> x = nf.data("x", shape=[-1, 3], dtype="float64")
+    >>> x.stop_gradient = False
+    >>> y = nf.layers.reduce_sum(nf.layers.square(x))  # sum of x^2
+    >>> (dx,) = nf.gradients(y, x)
+    >>> nf.Executor().run(feed={"x": np.array([[1.0, 2.0, 3.0]])}, fetch_list=[dx])
+    [array([[2., 4., 6.]])]
+    """
     targets = [targets] if isinstance(targets, VarDesc) else list(targets)
     inputs = [inputs] if isinstance(inputs, VarDesc) else list(inputs)
     block = targets[0].block
