@@ -33,6 +33,22 @@ class NetBuilder:
     `act=`) inside the net and returns its output variable(s). Backward and optimizer ops are
     added on the first `run(need_backward=True)`; forward-only runs stop after the last op
     added through the builder.
+
+    >>> builder = nf.NetBuilder(nf.Net.create())
+    >>> x = builder.data("x", [-1, 2])
+    >>> y = builder.data("y", [-1, 1])
+    >>> pred = builder.add_op("fc", input=x, size=1)
+    >>> loss = builder.add_op("mean", builder.add_op("square_error_cost", input=pred, label=y))
+    >>> builder.backward_from(loss)
+    >>> builder.add_optimization(0.1, "sgd")
+    >>> scope = nf.Scope()
+    >>> xs = np.array([[1.0, 0.0], [0.0, 1.0]], "float32")
+    >>> ys = np.array([[1.0], [-1.0]], "float32")
+    >>> for _ in range(100):
+    ...     builder.run(scope, feed={"x": xs, "y": ys})
+    >>> builder.run(scope, need_backward=False, feed={"x": xs, "y": ys})  # forward only
+    >>> float(scope.find_var(loss.name).get(nf.Tensor).numpy()) < 1e-3
+    True
     """
 
     def __init__(self, net: Net | None = None):
