@@ -104,6 +104,15 @@ def fc(
 
     Parameters are named `<name>.w` and `<name>.b` (name defaults to a unique `fc_N`).
     DTypeError for an integer `input` (its parameters would be integers too).
+
+    >>> x = nf.data("x", shape=[-1, 3], dtype="float32")
+    >>> y = nf.layers.fc(x, size=2, act="relu", name="fc")
+    >>> tuple(y.shape), [p.name for p in nf.default_main_program().all_parameters()]
+    ((-1, 2), ['fc.w', 'fc.b'])
+    >>> exe = nf.Executor()
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> exe.run(feed={"x": np.ones((4, 3), "float32")}, fetch_list=[y])[0].shape
+    (4, 2)
     """
     size = as_int(size, "fc: size")
     require_float_input(input, "fc")
