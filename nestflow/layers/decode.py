@@ -53,7 +53,22 @@ class Decoder:
     (initial_inputs, initial_states, finished); `step(time, inputs, states, **kwargs)` gives
     (outputs, next_states, next_inputs, finished); optional `finalize(outputs, final_states,
     sequence_lengths)` gives (final_outputs, final_states); `tracks_own_finished` says whether
-    step's `finished` already accounts for earlier steps (beams reorder, so beam search does)."""
+    step's `finished` already accounts for earlier steps (beams reorder, so beam search does).
+
+    >>> L = nf.layers
+    >>> class CountDown(L.Decoder):  # emits n, n - 1, ..., 1 per row, then stops
+    ...     def initialize(self, n):
+    ...         return n, n, L.less_than(n, 0.5)
+    ...     def step(self, time, inputs, states):
+    ...         left = L.scale(states, bias=-1.0)
+    ...         return states, left, left, L.less_than(left, 0.5)
+    >>> n = nf.data("n", [-1, 1])
+    >>> out, last = L.dynamic_decode(CountDown(), inits=n, impute_finished=True)
+    >>> got = nf.Executor().run(feed={"n": np.array([[3.0], [1.0]], "float32")},
+    ...                         fetch_list=[out])[0]
+    >>> got[..., 0].tolist()  # [batch, time]: a finished row repeats its last output
+    [[3.0, 2.0, 1.0], [1.0, 0.0, 0.0]]
+    """
 
     def initialize(self, inits: Any) -> tuple[Any, Any, VarDesc]:
         raise NotImplementedError
@@ -84,6 +99,22 @@ class BeamSearchDecoder(Decoder):
     Errors (at the user's line): AttrError for beam_size < 1 or non-integer tokens,
     ShapeError for an end_token outside the vocabulary (when the step is built) or a cell
     output that is not `[batch, beam, vocab]`.
+
+    >>> L = nf.layers
+    >>> # a bigram model over tokens 0 (start), 1 and 2 (end): row t holds the next logits
+    >>> table = L.assign(np.array([[-9.0, 0.0, -2.0], [-9.0, -1.0, 0.0], [-9.0, -9.0, 0.0]]))
+    >>> decoder = L.BeamSearchDecoder(
+    ...     cell=lambda inputs, states: (inputs, states),  # the logits are the inputs
+    ...     start_token=0, end_token=2, beam_size=2,
+    ...     embedding_fn=lambda ids: L.reshape(L.gather(table, L.reshape(ids, [-1])), [-1, 2, 3]))
+    >>> h0 = nf.data("h0", [-1, 1], "float64")  # the (unused) cell state gives the batch size
+    >>> ids, final = L.dynamic_decode(decoder, inits=h0, max_step_num=4)
+    >>> got, scores = nf.Executor().run(feed={"h0": np.zeros((1, 1))},
+    ...                                 fetch_list=[ids, final.log_probs])
+    >>> got[0].T.tolist()  # [batch, time, beam] -> each beam's tokens
+    [[1, 2, 2], [1, 1, 2]]
+    >>> scores.round(2).tolist()  # summed log-probabilities, best beam first
+    [[-0.44, -1.75]]
     """
 
     class OutputWrapper(collections.namedtuple("OutputWrapper", "scores predicted_ids parent_ids")):
@@ -358,6 +389,21 @@ def dynamic_decode(
     `decoder.step` (and on to the cell). With impute_finished (for decoders that do not track
     their own finished state) the states of finished rows stop changing.
     Errors: AttrError for a negative max_step_num.
+
+    >>> L = nf.layers
+    >>> class Halve(L.Decoder):  # x, x / 2, x / 4, ... until below 1
+    ...     def initialize(self, x):
+    ...         return x, x, L.less_than(x, 1.0)
+    ...     def step(self, time, inputs, states):
+    ...         half = L.scale(states, scale=0.5)
+    ...         return states, half, half, L.less_than(half, 1.0)
+    >>> x = nf.data("x", [-1, 1])
+    >>> out, last, lengths = L.dynamic_decode(Halve(), inits=x, max_step_num=10,
+    ...                                       impute_finished=True, return_length=True)
+    >>> got, n = nf.Executor().run(feed={"x": np.array([[8.0], [2.0]], "float32")},
+    ...                            fetch_list=[out, lengths])
+    >>> got[..., 0].tolist(), n.ravel().tolist()  # outputs past a row's length are padding
+    ([[8.0, 4.0, 2.0, 1.0], [2.0, 1.0, 0.5, 0.5]], [4, 2])
     """
     if max_step_num is not None:
         if not isinstance(max_step_num, numbers.Integral) or max_step_num < 0:
