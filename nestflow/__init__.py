@@ -54,11 +54,11 @@ rnn = layers.RNN
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from nestflow import clip, io, metric, nets, onnx, profiler, regularizer
+    from nestflow import clip, distributed, io, metric, nets, onnx, profiler, regularizer
     from nestflow.hapi import InputSpec, Model, callbacks
 
 # Imported on first use (safetensors, tempfile): most programs never save or load a file.
-_LAZY_MODULES = ("io", "nets", "regularizer", "clip", "metric", "profiler", "onnx")
+_LAZY_MODULES = ("io", "nets", "regularizer", "clip", "metric", "profiler", "onnx", "distributed")
 # Names of the high-level API (nestflow.hapi), imported on first use as well.
 _LAZY_HAPI = ("Model", "InputSpec", "callbacks")
 
@@ -130,6 +130,7 @@ __all__ = [
     "metric",
     "profiler",
     "onnx",
+    "distributed",
     "layer",
     "layers",
     "ops",

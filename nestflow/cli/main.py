@@ -1,5 +1,6 @@
-"""`nestflow demo [--model mlp|rnn|conv] [--epochs N] [--out DIR]`, `nestflow show DIR` and
-`nestflow export MODEL_DIR OUT.onnx [--opset N]`."""
+"""`nestflow demo [--model mlp|rnn|conv] [--epochs N] [--out DIR] [--distributed]`,
+`nestflow show DIR`, `nestflow export MODEL_DIR OUT.onnx [--opset N]` and
+`nestflow launch -n N [--hostfile FILE] script.py [args]`."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="train a model on scikit-learn's bundled 8x8 digits, save and reload it"
     )
-    demo.add_argument("--model", choices=("mlp", "rnn", "conv"), default="mlp")
+    demo.add_argument("--model", choices=("mlp", "rnn", "conv", "sentiment"), default="mlp")
     demo.add_argument("--epochs", type=int, default=None, help="passes over the training set")
     demo.add_argument("--out", default=None, help="directory for the saved model (default: temp)")
     demo.add_argument("--seed", type=int, default=0)
@@ -34,14 +35,31 @@ def _parser() -> argparse.ArgumentParser:
         "MIN_ACCURACY, 0.97 for mlp, 0.985 for conv)",
     )
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    demo.add_argument(
+        "--distributed",
+        action="store_true",
+        help="train the mlp on 2 MPI ranks (nestflow launch; needs nestflow[distributed])",
+    )
     show = commands.add_parser("show", help="print the program listing of a saved model")
     show.add_argument("path", help="a directory written by save_inference_model, or a .pb file")
+    show.add_argument(
+        "--graph",
+        metavar="OUT",
+        default=None,
+        help="also draw the program to OUT (.svg/.png/.pdf through Graphviz's dot, .dot: the text)",
+    )
     export = commands.add_parser(
         "export", help="write a saved inference model as an ONNX model (needs nestflow[onnx])"
     )
     export.add_argument("model_dir", help="a directory written by save_inference_model")
     export.add_argument("out", help="the .onnx file to write")
     export.add_argument("--opset", type=int, default=17, help="the ONNX opset (default 17)")
+    launch = commands.add_parser(
+        "launch", help="run a training script on N MPI ranks (needs nestflow[distributed])"
+    )
+    from nestflow.cli import launch as launching
+
+    launching.add_arguments(launch)
     return parser
 
 
@@ -49,16 +67,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "demo":
-            return _demo(args)
+            return _demo(args, sys.argv[1:] if argv is None else list(argv))
+        if args.command == "launch":
+            from nestflow.cli.launch import run
+
+            return run(args)
         if args.command == "export":
             return _export(args)
-        return _show(args.path)
+        return _show(args.path, args.graph)
     except NestflowError as exc:
         print(f"nestflow: error: {exc}", file=sys.stderr)
         return 1
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _demo(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.distributed:
+        from nestflow.cli import demo_distributed
+
+        return demo_distributed.main(args, argv)
     module_name = f"nestflow.cli.demo_{args.model}"
     if importlib.util.find_spec(module_name) is None:
         print(
@@ -87,7 +113,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(path: str) -> int:
+def _show(path: str, graph: str | None = None) -> int:
     from nestflow.core.tensor import Tensor
     from nestflow.framework.program import Program
     from nestflow.io import inference
@@ -108,6 +134,10 @@ def _show(path: str) -> int:
             print(f"nestflow: cannot read '{path}': {exc}", file=sys.stderr)
             return 1
     print(program)
+    if graph is not None:
+        from nestflow.framework.dot import render
+
+        print(f"graph written to {render(program.to_dot(), graph)}")
     return 0
 
 

@@ -242,6 +242,11 @@ class ProgBarLogger(Callback):
         return bool(self.verbose) and is_writing_rank()
 
     def _use_bar(self) -> bool:
+        # Under mpiexec a rank's stdout is a pty even when the job's output goes to a file:
+        # `nestflow launch` tells in NESTFLOW_TTY whether its own stdout is a terminal.
+        launched = os.environ.get("NESTFLOW_TTY")
+        if launched is not None:
+            return self.verbose == 1 and launched == "1"
         isatty = getattr(sys.stdout, "isatty", None)
         return self.verbose == 1 and isatty is not None and isatty()
 

@@ -37,6 +37,16 @@ no worker processes); the optimizer may be given as a function making it, so tha
 rate schedule (ops in the program) is built inside the model's program; prepare renames the
 optimizer "optimizer" (its state `optimizer.<param>.<what>`) so checkpoints load across
 processes.
+
+Data-parallel training (MPI): prepare with `nf.distributed.DistributedOptimizer(optimizer)`
+(after nf.distributed.init(), on every rank) and fit as usual. The choice is explicit (a
+Model never becomes data-parallel because MPI is initialised): with such an optimizer on
+several ranks, fit shards the training data by rank with DistributedBatchSampler (equal batch
+sizes on every rank, so averaging the ranks' gradients equals one process on the concatenated
+batches for a mean loss), every rank uses rank 0's random and shuffle seeds, rank 0 decides
+when to stop (EarlyStopping), only rank 0 writes checkpoints and logs (is_writing_rank), and
+load reads the file on rank 0 and broadcasts it to every rank. Logs and metrics are each rank's
+own shard's; evaluation and prediction run whole on every rank.
 """
 
 from __future__ import annotations
@@ -276,7 +286,8 @@ class Model:
 
         if not isinstance(optimizer, Optimizer) and callable(optimizer):
             optimizer = optimizer()  # made here, a schedule joins the model's program
-        if not isinstance(optimizer, Optimizer):
+        # nf.distributed.DistributedOptimizer wraps one, and passes its name and state through.
+        if not isinstance(getattr(optimizer, "inner_optimizer", optimizer), Optimizer):
             raise TypeMismatchError(
                 "Model.prepare: optimizer must be an nf.optimizer optimizer or a function "
                 f"returning one, got {type(optimizer).__name__}"
@@ -343,6 +354,10 @@ class Model:
             global_rng = random_state.generator()
             self._random_seed = int(global_rng.integers(1, 2**63 - 1))
             self._shuffle_seed = int(global_rng.integers(0, 2**63 - 1))
+        ranks = _data_parallel(programs.optimizer)
+        if ranks is not None:  # every rank draws and shuffles as rank 0 does
+            seeds = np.array([self._random_seed, self._shuffle_seed], np.int64)
+            self._random_seed, self._shuffle_seed = (int(s) for s in ranks.broadcast(seeds))
         programs.main.random_seed = self._random_seed
         if previous is not None:
             # Dropout goes on drawing where the previous train program stopped.
@@ -394,16 +409,38 @@ class Model:
 
     # ---- data ----
 
-    def _loader(self, data: Any, batch_size: int, shuffle: bool, drop_last: bool, what: str):
+    def _loader(
+        self,
+        data: Any,
+        batch_size: int,
+        shuffle: bool,
+        drop_last: bool,
+        what: str,
+        shard: bool = False,
+    ):
         """`data` as an iterable of batches: a DataLoader (or any iterable that is not a
-        dataset) as it is; a Dataset, a tuple of arrays (fields) or an array in a DataLoader."""
-        from nestflow.io.data import BatchSampler, DataLoader, TensorDataset
+        dataset) as it is; a Dataset, a tuple of arrays (fields) or an array in a DataLoader.
+        With `shard`, under a DistributedOptimizer on several ranks: this rank's batches."""
+        from nestflow.io.data import (
+            BatchSampler,
+            DataLoader,
+            DistributedBatchSampler,
+            TensorDataset,
+        )
 
         if isinstance(data, DataLoader):
             return data
         if isinstance(data, tuple) or isinstance(data, np.ndarray):
             data = TensorDataset(list(data) if isinstance(data, tuple) else [data])
         seed = self._shuffle_seed if shuffle else None
+        ranks = _data_parallel(self._prepared.optimizer) if shard else None
+        if ranks is not None and hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+            sampler = DistributedBatchSampler(
+                data, batch_size, ranks.world_size(), ranks.rank(), shuffle, drop_last, seed or 0
+            )
+            if type(data) is TensorDataset:
+                return _ArrayBatches(data.arrays, sampler)
+            return DataLoader(data, batch_sampler=sampler)
         if type(data) is TensorDataset:
             sampler = BatchSampler(data, batch_size, shuffle, drop_last, seed or 0)
             return _ArrayBatches(data.arrays, sampler)
@@ -532,7 +569,10 @@ class Model:
             )
         epochs = check_count(epochs, "Model.fit: epochs", 0)
         eval_freq = check_count(eval_freq, "Model.fit: eval_freq")
-        train_loader = self._loader(train_data, batch_size, shuffle, drop_last, "fit: train_data")
+        train_loader = self._loader(
+            train_data, batch_size, shuffle, drop_last, "fit: train_data", shard=True
+        )
+        ranks = _data_parallel(self._prepared.optimizer)
         eval_loader = None
         if eval_data is not None:
             eval_loader = self._loader(eval_data, batch_size, False, False, "fit: eval_data")
@@ -566,6 +606,8 @@ class Model:
             self.epoch = epoch + 1
             cbks.call("on_epoch_end", epoch, logs)
             history.append(logs)
+            if ranks is not None:  # rank 0 decides: every rank stops after the same epoch
+                self.stop_training = bool(ranks.broadcast(np.array([self.stop_training]))[0])
             if self.stop_training:
                 break
         cbks.call("on_train_end", logs)
@@ -741,11 +783,19 @@ class Model:
                 f"'{path}' is a directory, not a checkpoint; an inference model saved with "
                 "training=False loads with nf.io.load_inference_model"
             )
-        try:
-            with open(file, "rb") as handle:
-                data = handle.read()
-        except OSError as exc:
-            raise ParameterFileError(f"cannot read checkpoint '{file}': {exc}") from None
+        ranks = _data_parallel(p.optimizer)
+        data, problem = None, None
+        if ranks is None or ranks.rank() == 0:
+            try:
+                with open(file, "rb") as handle:
+                    data = handle.read()
+            except OSError as exc:
+                problem = f"cannot read checkpoint '{file}': {exc}"
+        if ranks is not None:  # rank 0 reads it, every rank loads the same bytes
+            data = ranks.broadcast_bytes(data)
+            problem = problem or (None if data is not None else f"rank 0 cannot read '{file}'")
+        if problem is not None:
+            raise ParameterFileError(problem)
         tensors = decode_params(data, file)
         state = _checkpoint_state(read_metadata(data), file)
         wanted = {v.name: v for v in persistable_vars(p.main)}
@@ -784,6 +834,16 @@ class Model:
             self._shuffle_seed = state["shuffle_seed"]
             p.main.random_seed = self._random_seed
             random_state.program_rng(p.main).bit_generator.state = state["generator"]
+
+
+def _data_parallel(optimizer: Any) -> Any:
+    """nestflow.distributed when `optimizer` is its DistributedOptimizer and the job has
+    several ranks; else None."""
+    if getattr(optimizer, "inner_optimizer", None) is None:
+        return None
+    import nestflow.distributed as distributed
+
+    return distributed if distributed.world_size() > 1 else None
 
 
 def checkpoint_file(path: str) -> str:

@@ -119,6 +119,19 @@ class IfElse:
     `ie(cond)` returns the merged outputs, as a list, in the original row order.
     Errors: ControlFlowError for a condition that is not bool [N, 1]/[N], mismatched outputs,
     a branch writing an outer variable, or misuse of the blocks.
+
+    >>> x = nf.data("x", [-1, 1])
+    >>> cond = nf.layers.greater_than(x, 15.0)
+    >>> ie = nf.ifelse()
+    >>> with ie.true_block():
+    ...     ie.output(nf.layers.scale(x, 2.0))
+    >>> with ie.false_block():
+    ...     ie.output(nf.layers.scale(x, -1.0))
+    >>> (out,) = ie(cond)
+    >>> nf.Executor(nf.CPUPlace()).run(feed={"x": np.array([[10], [20]], "float32")},
+    ...     fetch_list=[out])[0]
+    array([[-10.],
+           [ 40.]], dtype=float32)
     """
 
     def __init__(self, cond: VarDesc | None = None, name: str | None = None):
@@ -304,6 +317,14 @@ class BlockOp:
     has run. Gradients flow through it to outer variables and parameters.
     Errors: ControlFlowError for a block that writes an outer variable (output it instead),
     output() outside block(), or building the block twice.
+
+    >>> x = nf.data("x", [-1, 2])
+    >>> blk = nf.BlockOp()
+    >>> with blk.block():
+    ...     blk.output(nf.layers.scale(x, 3.0))
+    >>> (out,) = blk()
+    >>> nf.Executor(nf.CPUPlace()).run(feed={"x": np.ones((1, 2), "float32")}, fetch_list=[out])[0]
+    array([[3., 3.]], dtype=float32)
     """
 
     def __init__(self, name: str | None = None):
@@ -377,7 +398,21 @@ class BlockOp:
 
 
 def ifelse(cond: VarDesc | None = None, name: str | None = None) -> IfElse:
-    """The seed's `pd.ifelse()`: an IfElse (condition given now or to the call)."""
+    """The seed's `pd.ifelse()`: an IfElse (condition given now or to the call).
+
+    >>> x = nf.data("x", [-1, 1])
+    >>> cond = nf.layers.greater_than(x, 15.0)
+    >>> ie = nf.ifelse()
+    >>> with ie.true_block():
+    ...     ie.output(nf.layers.scale(x, 2.0))
+    >>> with ie.false_block():
+    ...     ie.output(nf.layers.scale(x, -1.0))
+    >>> (out,) = ie(cond)
+    >>> nf.Executor(nf.CPUPlace()).run(feed={"x": np.array([[10], [20]], "float32")},
+    ...     fetch_list=[out])[0]
+    array([[-10.],
+           [ 40.]], dtype=float32)
+    """
     return IfElse(cond, name)
 
 
@@ -434,6 +469,24 @@ class While:
     the outer variables hold their final values. `max_steps` (None: no limit) makes a loop that
     runs longer raise MaxStepsExceededError. Gradients flow through loop-carried float
     variables and to outer variables the body reads (parameters get summed gradients).
+
+    >>> i = nf.layers.fill_constant([1], "int64", 0)
+    >>> n = nf.layers.fill_constant([1], "int64", 3)
+    >>> x = nf.layers.fill_constant([2], "float32", 1.0)
+    >>> arr = nf.layers.create_array("float32")
+    >>> cond = nf.layers.less_than(i, n)
+    >>> w = nf.While(cond)
+    >>> with w.block():
+    ...     _ = nf.layers.array_write(nf.layers.scale(x, 2.0), i, array=arr)
+    ...     _ = nf.layers.assign(nf.layers.scale(x, 2.0), output=x)
+    ...     _ = nf.layers.increment(i)
+    ...     _ = nf.layers.less_than(i, n, out=cond)
+    >>> last = nf.layers.array_read(arr, nf.layers.fill_constant([1], "int64", 2))
+    >>> length = nf.layers.array_length(arr)
+    >>> stacked = nf.layers.array_to_tensor(arr)
+    >>> out = nf.Executor(nf.CPUPlace()).run(fetch_list=[x, last, length, stacked])
+    >>> out[0], out[1], int(out[2][0]), out[3].shape
+    (array([8., 8.], dtype=float32), array([8., 8.], dtype=float32), 3, (3, 2))
     """
 
     def __init__(self, cond: VarDesc, max_steps: int | None = None, name: str | None = None):
@@ -501,7 +554,26 @@ class While:
 def create_array(dtype: Any = "float32", name: str | None = None) -> VarDesc:
     """An empty tensor array (a list of tensors indexed by an int64 [1] variable).
 
-    Gradients flow through a float array: into the tensors written and out of those read."""
+    Gradients flow through a float array: into the tensors written and out of those read.
+
+    >>> i = nf.layers.fill_constant([1], "int64", 0)
+    >>> n = nf.layers.fill_constant([1], "int64", 3)
+    >>> x = nf.layers.fill_constant([2], "float32", 1.0)
+    >>> arr = nf.layers.create_array("float32")
+    >>> cond = nf.layers.less_than(i, n)
+    >>> w = nf.While(cond)
+    >>> with w.block():
+    ...     _ = nf.layers.array_write(nf.layers.scale(x, 2.0), i, array=arr)
+    ...     _ = nf.layers.assign(nf.layers.scale(x, 2.0), output=x)
+    ...     _ = nf.layers.increment(i)
+    ...     _ = nf.layers.less_than(i, n, out=cond)
+    >>> last = nf.layers.array_read(arr, nf.layers.fill_constant([1], "int64", 2))
+    >>> length = nf.layers.array_length(arr)
+    >>> stacked = nf.layers.array_to_tensor(arr)
+    >>> out = nf.Executor(nf.CPUPlace()).run(fetch_list=[x, last, length, stacked])
+    >>> out[0], out[1], int(out[2][0]), out[3].shape
+    (array([8., 8.], dtype=float32), array([8., 8.], dtype=float32), 3, (3, 2))
+    """
     block = current_block()
     floating = np.dtype(dtype_name(dtype)).kind in "fc"
     array = block.create_var(
@@ -515,24 +587,100 @@ def create_array(dtype: Any = "float32", name: str | None = None) -> VarDesc:
 
 
 def array_write(x: VarDesc, i: VarDesc, array: VarDesc | None = None) -> VarDesc:
-    """Set element `i` of `array` to `x` (in place; a new array if none); returns the array."""
+    """Set element `i` of `array` to `x` (in place; a new array if none); returns the array.
+
+    >>> i = nf.layers.fill_constant([1], "int64", 0)
+    >>> n = nf.layers.fill_constant([1], "int64", 3)
+    >>> x = nf.layers.fill_constant([2], "float32", 1.0)
+    >>> arr = nf.layers.create_array("float32")
+    >>> cond = nf.layers.less_than(i, n)
+    >>> w = nf.While(cond)
+    >>> with w.block():
+    ...     _ = nf.layers.array_write(nf.layers.scale(x, 2.0), i, array=arr)
+    ...     _ = nf.layers.assign(nf.layers.scale(x, 2.0), output=x)
+    ...     _ = nf.layers.increment(i)
+    ...     _ = nf.layers.less_than(i, n, out=cond)
+    >>> last = nf.layers.array_read(arr, nf.layers.fill_constant([1], "int64", 2))
+    >>> length = nf.layers.array_length(arr)
+    >>> stacked = nf.layers.array_to_tensor(arr)
+    >>> out = nf.Executor(nf.CPUPlace()).run(fetch_list=[x, last, length, stacked])
+    >>> out[0], out[1], int(out[2][0]), out[3].shape
+    (array([8., 8.], dtype=float32), array([8., 8.], dtype=float32), 3, (3, 2))
+    """
     if array is None:
         array = create_array(x.dtype)
     return append_op("array_write", {"X": x, "I": i, "Array": array}, out=array)
 
 
 def array_read(array: VarDesc, i: VarDesc) -> VarDesc:
-    """Element `i` of `array` (ControlFlowError at run time if it was never written)."""
+    """Element `i` of `array` (ControlFlowError at run time if it was never written).
+
+    >>> i = nf.layers.fill_constant([1], "int64", 0)
+    >>> n = nf.layers.fill_constant([1], "int64", 3)
+    >>> x = nf.layers.fill_constant([2], "float32", 1.0)
+    >>> arr = nf.layers.create_array("float32")
+    >>> cond = nf.layers.less_than(i, n)
+    >>> w = nf.While(cond)
+    >>> with w.block():
+    ...     _ = nf.layers.array_write(nf.layers.scale(x, 2.0), i, array=arr)
+    ...     _ = nf.layers.assign(nf.layers.scale(x, 2.0), output=x)
+    ...     _ = nf.layers.increment(i)
+    ...     _ = nf.layers.less_than(i, n, out=cond)
+    >>> last = nf.layers.array_read(arr, nf.layers.fill_constant([1], "int64", 2))
+    >>> length = nf.layers.array_length(arr)
+    >>> stacked = nf.layers.array_to_tensor(arr)
+    >>> out = nf.Executor(nf.CPUPlace()).run(fetch_list=[x, last, length, stacked])
+    >>> out[0], out[1], int(out[2][0]), out[3].shape
+    (array([8., 8.], dtype=float32), array([8., 8.], dtype=float32), 3, (3, 2))
+    """
     return append_op("array_read", {"Array": array, "I": i})
 
 
 def array_length(array: VarDesc) -> VarDesc:
-    """The number of elements of `array` (int64 [1])."""
+    """The number of elements of `array` (int64 [1]).
+
+    >>> i = nf.layers.fill_constant([1], "int64", 0)
+    >>> n = nf.layers.fill_constant([1], "int64", 3)
+    >>> x = nf.layers.fill_constant([2], "float32", 1.0)
+    >>> arr = nf.layers.create_array("float32")
+    >>> cond = nf.layers.less_than(i, n)
+    >>> w = nf.While(cond)
+    >>> with w.block():
+    ...     _ = nf.layers.array_write(nf.layers.scale(x, 2.0), i, array=arr)
+    ...     _ = nf.layers.assign(nf.layers.scale(x, 2.0), output=x)
+    ...     _ = nf.layers.increment(i)
+    ...     _ = nf.layers.less_than(i, n, out=cond)
+    >>> last = nf.layers.array_read(arr, nf.layers.fill_constant([1], "int64", 2))
+    >>> length = nf.layers.array_length(arr)
+    >>> stacked = nf.layers.array_to_tensor(arr)
+    >>> out = nf.Executor(nf.CPUPlace()).run(fetch_list=[x, last, length, stacked])
+    >>> out[0], out[1], int(out[2][0]), out[3].shape
+    (array([8., 8.], dtype=float32), array([8., 8.], dtype=float32), 3, (3, 2))
+    """
     return append_op("array_length", {"Array": array}, stop_gradient=True)
 
 
 def array_to_tensor(array: VarDesc, axis: int = 0) -> VarDesc:
-    """The array's elements (all one shape) stacked along a new dim `axis`."""
+    """The array's elements (all one shape) stacked along a new dim `axis`.
+
+    >>> i = nf.layers.fill_constant([1], "int64", 0)
+    >>> n = nf.layers.fill_constant([1], "int64", 3)
+    >>> x = nf.layers.fill_constant([2], "float32", 1.0)
+    >>> arr = nf.layers.create_array("float32")
+    >>> cond = nf.layers.less_than(i, n)
+    >>> w = nf.While(cond)
+    >>> with w.block():
+    ...     _ = nf.layers.array_write(nf.layers.scale(x, 2.0), i, array=arr)
+    ...     _ = nf.layers.assign(nf.layers.scale(x, 2.0), output=x)
+    ...     _ = nf.layers.increment(i)
+    ...     _ = nf.layers.less_than(i, n, out=cond)
+    >>> last = nf.layers.array_read(arr, nf.layers.fill_constant([1], "int64", 2))
+    >>> length = nf.layers.array_length(arr)
+    >>> stacked = nf.layers.array_to_tensor(arr)
+    >>> out = nf.Executor(nf.CPUPlace()).run(fetch_list=[x, last, length, stacked])
+    >>> out[0], out[1], int(out[2][0]), out[3].shape
+    (array([8., 8.], dtype=float32), array([8., 8.], dtype=float32), 3, (3, 2))
+    """
     return append_op("array_to_tensor", {"Array": array}, {"axis": axis})
 
 

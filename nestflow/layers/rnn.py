@@ -209,6 +209,19 @@ class RNN:
     Errors (ControlFlowError): update_memory of a variable that is not a memory of this RNN, a
     memory never updated, an update whose shape or dtype differs from the memory's, a step that
     reads no sequence, and misuse of the step block.
+
+    >>> x = nf.data("x", [-1, 3, 1])
+    >>> rnn = nf.rnn()
+    >>> with rnn.step():
+    ...     x_t = rnn.step_input(x)
+    ...     h_prev = rnn.memory(shape=[1], batch_ref=x_t)
+    ...     h = nf.layers.elementwise_add(h_prev, x_t)
+    ...     rnn.update_memory(h_prev, h)
+    ...     rnn.output(h)
+    >>> out = rnn()
+    >>> nf.Executor(nf.CPUPlace()).run(feed={"x": np.array([[[1], [2], [3]]], "float32")},
+    ...     fetch_list=[out])[0].ravel()
+    array([1., 3., 6.], dtype=float32)
     """
 
     def __init__(self, name: str | None = None, *, hoist: bool = True):
@@ -635,7 +648,21 @@ class RNN:
 
 
 def rnn(name: str | None = None, *, hoist: bool = True) -> RNN:
-    """The seed's `pd.rnn()`."""
+    """The seed's `pd.rnn()`.
+
+    >>> x = nf.data("x", [-1, 3, 1])
+    >>> rnn = nf.rnn()
+    >>> with rnn.step():
+    ...     x_t = rnn.step_input(x)
+    ...     h_prev = rnn.memory(shape=[1], batch_ref=x_t)
+    ...     h = nf.layers.elementwise_add(h_prev, x_t)
+    ...     rnn.update_memory(h_prev, h)
+    ...     rnn.output(h)
+    >>> out = rnn()
+    >>> nf.Executor(nf.CPUPlace()).run(feed={"x": np.array([[[1], [2], [3]]], "float32")},
+    ...     fetch_list=[out])[0].ravel()
+    array([1., 3., 6.], dtype=float32)
+    """
     return RNN(name, hoist=hoist)
 
 

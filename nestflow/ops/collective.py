@@ -1,0 +1,640 @@
+"""Collective ops (Fluid 1.8's c_* family) and the MPI communicator they run on.
+
+A data-parallel program is an ordinary Program: its collective ops are ops like any other, so it
+prints, saves, prunes and shows in the profiler. Their kernels call MPI through mpi4py on the
+NumPy buffers themselves (Allreduce, Iallreduce, Bcast, Allgather; never pickled objects) over
+a duplicate of MPI.COMM_WORLD made by nf.distributed.init() (ring_id 0, the only ring). In a
+process that did not initialise MPI and was not started by mpiexec as one of several ranks, the
+world has one rank and every collective op is the identity: the same program runs alone. A
+process mpiexec started as one of several ranks that runs a collective op before init() gets an
+UninitializedError rather than training alone unnoticed.
+
+Fluid 1.8's ops, with its slots and attrs:
+- c_allreduce_sum / c_allreduce_max / c_allreduce_min / c_allreduce_prod (X -> Out; ring_id,
+  use_calc_stream): Out = the elementwise reduction of X over every rank.
+- c_broadcast (X -> Out; ring_id, root, use_calc_stream): Out = X of rank `root`.
+- c_allgather (X -> Out; nranks, ring_id, use_calc_stream): the ranks' X stacked on dim 0.
+- c_sync_calc_stream (X -> Out), c_sync_comm_stream (X* -> Out*; ring_id): identities. Fluid
+  runs collectives on a CUDA stream and these wait for it; here the ops above return when MPI
+  is done, so there is nothing to wait for (use_calc_stream is accepted and changes nothing).
+
+nestflow's own, for data-parallel training (nf.distributed.DistributedOptimizer):
+- c_allreduce_start (X*, Param*, Weight? -> Out; ring_id): one bucket of gradients flattened
+  into one buffer and a non-blocking sum over the ranks started on it (one Iallreduce); Out is
+  the handle (a RAW variable).
+- c_allreduce_wait (Request, X* -> Out*; ring_id): waits for the sum; Out[i] = X[i] averaged
+  over the ranks (weighted by Weight when the start op had one).
+- c_check_layout (-> Out; layout, ring_id): every rank's `layout` text (what its program
+  synchronises) must equal rank 0's, else ProgramMismatchError on every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import Counter
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import Any
+
+import numpy as np
+
+from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError, UninitializedError
+from nestflow.framework.program import OpDesc
+from nestflow.ops.registry import GradContext, GradOpSpec, Required, VarInfo, register_op
+
+# Environment variables in which mpiexec (Open MPI, MPICH/Hydra, MVAPICH) announces the world.
+_LAUNCHER_SIZE = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+_LAUNCHER_RANK = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
+
+
+def _launcher_value(keys: tuple[str, ...], default: int) -> int:
+    for key in keys:
+        value = os.environ.get(key)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return default
+
+
+def launched_world_size() -> int:
+    """The number of ranks mpiexec started this process among (1 when it did not)."""
+    return _launcher_value(_LAUNCHER_SIZE, 1)
+
+
+def launched_rank() -> int:
+    """This process's rank as mpiexec announced it (0 when not started by mpiexec)."""
+    return _launcher_value(_LAUNCHER_RANK, 0)
+
+
+class ProgramMismatchError(ExecutionError):
+    """The ranks of a data-parallel job run different programs (other parameters, shapes,
+    dtypes or gradient buckets): raised on every rank by the startup program's check."""
+
+
+@dataclass(frozen=True)
+class CommStats:
+    """What this process's collective ops asked of MPI since the last reset: `calls` per MPI
+    function, the `bytes` of the buffers they moved (each call's buffer counted once), and
+    `wait_seconds` spent waiting for non-blocking all-reduces (c_allreduce_wait)."""
+
+    calls: dict[str, int]
+    bytes: int
+    wait_seconds: float
+
+
+class Communicator:
+    """The MPI world the collective ops run on: rank 0 of 1 until `init()` (mpi4py imported
+    then, never before), with counters of the MPI calls made."""
+
+    def __init__(self) -> None:
+        self.comm: Any = None
+        self.rank, self.size = 0, 1
+        self.calls: Counter[str] = Counter()
+        self.nbytes = 0
+        self.wait_ns = 0
+        self.inflight: list[Any] = []  # started non-blocking all-reduces not yet waited for
+
+    @property
+    def initialized(self) -> bool:
+        return self.comm is not None
+
+    def init(self) -> Communicator:
+        """Initialise MPI (once) and take a duplicate of COMM_WORLD, so nestflow's messages
+        never mix with the program's own MPI traffic. Every rank must call it."""
+        if self.comm is None:
+            try:
+                from mpi4py import MPI
+            except ImportError as exc:
+                raise UninitializedError(
+                    f"nf.distributed needs mpi4py and an MPI library ({exc}); install them "
+                    "with: pip install 'nestflow[distributed]'"
+                ) from None
+            comm = MPI.COMM_WORLD.Dup()
+            self.rank, self.size = comm.Get_rank(), comm.Get_size()
+            self.comm = comm
+        return self
+
+    def checked(self) -> Communicator:
+        """Self, for a kernel about to communicate; UninitializedError when mpiexec started
+        this process as one of several ranks and init() has not run (the op would otherwise
+        quietly act as if alone)."""
+        if self.comm is None and launched_world_size() > 1:
+            raise UninitializedError(
+                f"this process is rank {launched_rank()} of {launched_world_size()} started by "
+                "mpiexec, but MPI is not initialised: call nf.distributed.init() before running "
+                "a program with collective ops"
+            )
+        return self
+
+    # ---- MPI calls on NumPy buffers (counted) ----
+
+    def _count(self, name: str, buffer: np.ndarray) -> None:
+        self.calls[name] += 1
+        self.nbytes += buffer.nbytes
+
+    def allreduce(self, buffer: np.ndarray, kind: str) -> None:
+        """buffer = its elementwise `kind` (sum, max, min, prod) over the ranks, in place."""
+        from mpi4py import MPI
+
+        self._count("Allreduce", buffer)
+        self.comm.Allreduce(MPI.IN_PLACE, buffer, op=_MPI_OPS[kind](MPI))
+
+    def start_allreduce(self, buffer: np.ndarray) -> Any:
+        """Start summing `buffer` over the ranks in place; returns the MPI request. Earlier
+        requests still in flight are tested first, which lets MPI progress them."""
+        from mpi4py import MPI
+
+        if self.inflight:
+            MPI.Request.Testall(self.inflight)
+        self._count("Iallreduce", buffer)
+        request = self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+        self.inflight.append(request)
+        return request
+
+    def wait(self, request: Any) -> None:
+        # By identity: finished requests all compare equal to MPI.REQUEST_NULL.
+        self.inflight = [r for r in self.inflight if r is not request]
+        start = perf_counter_ns()
+        request.Wait()
+        self.wait_ns += perf_counter_ns() - start
+        self.calls["Wait"] += 1
+
+    def bcast(self, buffer: np.ndarray, root: int) -> None:
+        self._count("Bcast", buffer)
+        self.comm.Bcast(_as_bytes(buffer), root=root)
+
+    def allgather(self, send: np.ndarray, receive: np.ndarray) -> None:
+        """receive (size x send's bytes) = every rank's send, in rank order."""
+        self._count("Allgather", receive)
+        self.comm.Allgather(_as_bytes(send), _as_bytes(receive))
+
+    def allgather_text(self, text: str) -> list[str]:
+        """Every rank's `text`, in rank order (lengths, then the UTF-8 bytes)."""
+        data = np.frombuffer(text.encode("utf-8"), np.uint8)
+        lengths = np.empty(self.size, np.int64)
+        self.allgather(np.array([data.size], np.int64), lengths)
+        every = np.empty(int(lengths.sum()), np.uint8)
+        self._count("Allgatherv", every)
+        self.comm.Allgatherv(data, [every, lengths.tolist()])
+        ends = np.cumsum(lengths)
+        return [every[e - n : e].tobytes().decode("utf-8") for e, n in zip(ends, lengths)]
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            self.calls["Barrier"] += 1
+            self.comm.Barrier()
+
+    def stats(self, reset: bool = False) -> CommStats:
+        found = CommStats(dict(self.calls), self.nbytes, self.wait_ns / 1e9)
+        if reset:
+            self.calls.clear()
+            self.nbytes = self.wait_ns = 0
+        return found
+
+
+def _as_bytes(array: np.ndarray) -> np.ndarray:
+    """A contiguous array's memory as uint8 (broadcasts and gathers move bytes, so every dtype
+    works, float16 and bool included)."""
+    return array.reshape(-1).view(np.uint8)
+
+
+_MPI_OPS = {
+    "sum": lambda MPI: MPI.SUM,
+    "max": lambda MPI: MPI.MAX,
+    "min": lambda MPI: MPI.MIN,
+    "prod": lambda MPI: MPI.PROD,
+}
+
+WORLD = Communicator()
+
+
+# ---- Fluid's collective ops ----
+
+_STREAM_ATTRS = {"ring_id": 0, "use_calc_stream": False}
+
+
+def check_ring(ring_id: int) -> None:
+    if ring_id != 0:
+        raise AttrError(
+            f"ring_id {ring_id}: nestflow has one communication ring, 0 (MPI.COMM_WORLD)"
+        )
+
+
+def _infer_reduced(X: VarInfo, ring_id: int, use_calc_stream: bool) -> VarInfo:
+    check_ring(ring_id)
+    if X.dtype == "bool":
+        raise DTypeError("X is bool; all-reduce needs numbers (cast it first)")
+    return X
+
+
+def _wire_dtype(dtype: np.dtype) -> np.dtype:
+    # MPI has no standard half type: float16 is reduced as float32 and rounded back.
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def _all_reduced(X: np.ndarray, kind: str) -> np.ndarray:
+    world = WORLD.checked()
+    if world.size == 1:
+        return X
+    buffer = np.array(X, dtype=_wire_dtype(X.dtype), order="C")
+    world.allreduce(buffer, kind)
+    return buffer.astype(X.dtype, copy=False)
+
+
+@register_op
+class c_allreduce_sum:
+    """Out = the sum of X over every rank (the same on every rank). Its gradient is the
+    all-reduce sum of Out's gradient (every rank's Out depends on every rank's X)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = dict(_STREAM_ATTRS)
+    infer = _infer_reduced
+
+    def forward(X, ring_id, use_calc_stream):
+        return _all_reduced(X, "sum")
+
+    def grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
+        out_grad = ctx.grad_of(op.output("Out")[0])
+        x_grad = ctx.grad_of(op.input("X")[0])
+        if out_grad is None or x_grad is None:
+            return []
+        return [GradOpSpec("c_allreduce_sum", {"X": [out_grad]}, {"Out": [x_grad]}, op.attrs)]
+
+
+@register_op
+class c_allreduce_max:
+    """Out = the elementwise maximum of X over every rank (no gradient, as in Fluid)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = dict(_STREAM_ATTRS)
+    infer = _infer_reduced
+
+    def forward(X, ring_id, use_calc_stream):
+        return _all_reduced(X, "max")
+
+
+@register_op
+class c_allreduce_min:
+    """Out = the elementwise minimum of X over every rank (no gradient, as in Fluid)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = dict(_STREAM_ATTRS)
+    infer = _infer_reduced
+
+    def forward(X, ring_id, use_calc_stream):
+        return _all_reduced(X, "min")
+
+
+@register_op
+class c_allreduce_prod:
+    """Out = the elementwise product of X over every rank (no gradient, as in Fluid)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = dict(_STREAM_ATTRS)
+    infer = _infer_reduced
+
+    def forward(X, ring_id, use_calc_stream):
+        return _all_reduced(X, "prod")
+
+
+@register_op
+class c_broadcast:
+    """Out = X of rank `root` on every rank (X must have the same shape and dtype on every
+    rank; other ranks' values are ignored). The startup program of a data-parallel program
+    broadcasts every parameter from rank 0 with it."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {"ring_id": 0, "root": 0, "use_calc_stream": False}
+
+    def infer(X, ring_id, root, use_calc_stream):
+        check_ring(ring_id)
+        if root < 0:
+            raise AttrError(f"root must be a rank >= 0, got {root}")
+        return X
+
+    def forward(X, ring_id, root, use_calc_stream):
+        world = WORLD.checked()
+        if world.size == 1:
+            return X
+        if root >= world.size:
+            raise AttrError(f"root {root} is not a rank of this world of {world.size}")
+        buffer = np.array(X, order="C") if world.rank == root else np.empty(X.shape, X.dtype)
+        world.bcast(buffer, root)
+        return buffer
+
+
+@register_op
+class c_allgather:
+    """Out = the ranks' X concatenated on dim 0 in rank order ([nranks * N, ...]); X must have
+    the same shape on every rank and `nranks` must be the world's size."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {"nranks": Required(int), "ring_id": 0, "use_calc_stream": False}
+
+    def infer(X, nranks, ring_id, use_calc_stream):
+        check_ring(ring_id)
+        if nranks < 1:
+            raise AttrError(f"nranks must be >= 1, got {nranks}")
+        if X.ndim == 0:
+            raise ShapeError("X is 0-d; all-gather stacks the ranks' X on dim 0")
+        first = X.shape[0] * nranks if X.shape[0] >= 0 else -1
+        return VarInfo((first, *X.shape[1:]), X.dtype)
+
+    def forward(X, nranks, ring_id, use_calc_stream):
+        world = WORLD.checked()
+        if nranks != world.size:
+            raise AttrError(f"nranks is {nranks} but the world has {world.size} rank(s)")
+        if world.size == 1:
+            return X
+        send = np.ascontiguousarray(X)
+        receive = np.empty((world.size, *X.shape), X.dtype)
+        world.allgather(send, receive)
+        return receive.reshape((world.size * X.shape[0], *X.shape[1:]))
+
+
+@register_op
+class c_sync_calc_stream:
+    """Out = X (Fluid waits for the CUDA calculation stream here; nestflow has no streams)."""
+
+    inputs, outputs = ("X",), ("Out",)
+
+    def infer(X):
+        return X
+
+    def forward(X):
+        return X
+
+
+@register_op
+class c_sync_comm_stream:
+    """Out = X (Fluid waits for the communication stream; nestflow's collective ops are done
+    when they return, and non-blocking all-reduces are waited for by c_allreduce_wait)."""
+
+    inputs, outputs = ("X*",), ("Out*",)
+    attrs = {"ring_id": 0}
+
+    def infer_op(op: OpDesc) -> None:
+        check_ring(op.attrs["ring_id"])
+        _same_as_inputs(op, "X", "Out")
+
+    def forward(X, ring_id):
+        return list(X)
+
+
+def _same_as_inputs(op: OpDesc, in_slot: str, out_slot: str) -> None:
+    """Declare each output of `out_slot` like the input at its index in `in_slot`."""
+    block = op.block
+    ins, outs = op.input(in_slot), op.output(out_slot)
+    if len(ins) != len(outs):
+        raise AttrError(f"{out_slot} has {len(outs)} variable(s) but {in_slot} has {len(ins)}")
+    for source, target in zip(ins, outs):
+        if not target:
+            continue
+        desc = block.find_var(source)
+        var = block.find_var(target) or block.create_var(target)
+        if desc is not None and var is not desc:
+            var.shape, var.dtype = desc.shape, desc.dtype
+
+
+# ---- bucketed, non-blocking gradient averaging ----
+
+
+class PendingAverage:
+    """A bucket of gradients being summed over the ranks: what c_allreduce_start hands to
+    c_allreduce_wait (the value of a RAW variable). `buffer` holds the flattened gradients
+    (times the weight, then the weight itself, when weighted) in the wire dtype."""
+
+    __slots__ = ("world", "buffer", "request", "shapes", "dtype", "weighted")
+
+    def __init__(self, world, buffer, request, shapes, dtype, weighted):
+        self.world = world
+        self.buffer = buffer
+        self.request = request
+        self.shapes = shapes
+        self.dtype = dtype
+        self.weighted = weighted
+
+    def __repr__(self) -> str:
+        state = "local" if self.request is None else "in flight"
+        return f"PendingAverage({len(self.shapes)} tensors, {state})"
+
+    def wait(self, X: list[np.ndarray | None]) -> list[np.ndarray]:
+        if self.request is None:  # alone: the average over one rank is X itself
+            return [x if x is not None else np.zeros(s, self.dtype) for x, s in zip(X, self.shapes)]
+        self.world.wait(self.request)
+        buffer = self.buffer
+        if self.weighted:
+            total = buffer[-1]
+            values = buffer[:-1]
+            if total != 0:
+                values /= total
+            else:  # no rank had a sample: no step
+                values[...] = 0
+        else:
+            values = buffer
+            values /= self.world.size
+        out, offset = [], 0
+        for shape in self.shapes:
+            size = int(np.prod(shape, dtype=np.int64))
+            out.append(values[offset : offset + size].reshape(shape).astype(self.dtype, copy=False))
+            offset += size
+        return out
+
+
+def _numbers(name: str, infos: list[VarInfo | None]) -> str:
+    dtypes = {i.dtype for i in infos if i is not None}
+    if len(dtypes) > 1:
+        raise DTypeError(f"{name} mixes dtypes {sorted(dtypes)}; a bucket holds one dtype")
+    dtype = dtypes.pop() if dtypes else "float32"
+    if not np.issubdtype(np.dtype(dtype), np.floating):
+        raise DTypeError(f"{name} is {dtype}; gradients to average must be floating point")
+    return dtype
+
+
+def _var_infos(op: OpDesc, slot: str) -> list[VarInfo | None]:
+    found = []
+    for name in op.input(slot):
+        var = op.block.find_var(name) if name else None
+        found.append(None if var is None else VarInfo(var.shape, var.dtype))
+    return found
+
+
+@register_op
+class c_allreduce_start:
+    """Start averaging one bucket of gradients over the ranks: X (tensors of one floating
+    dtype) flattened and concatenated into one buffer, and one non-blocking MPI sum
+    (Iallreduce) started on it; Out is the handle c_allreduce_wait waits on.
+
+    Param (optional, one per X): the parameters X are the gradients of; a gradient that was not
+    computed in this run (None) contributes zeros of its parameter's shape, so every rank sends
+    the same buffer. Weight (optional, one number, e.g. the rank's batch size): each rank's X is
+    multiplied by its Weight and the weights are summed with them, so the wait gives
+    sum(w_r * X_r) / sum(w_r); without it the plain mean over the ranks."""
+
+    inputs, outputs = ("X*", "Param*", "Weight?"), ("Out",)
+    attrs = {"ring_id": 0}
+
+    def infer_op(op: OpDesc) -> None:
+        check_ring(op.attrs["ring_id"])
+        grads, params = _var_infos(op, "X"), _var_infos(op, "Param")
+        if not grads:
+            raise AttrError("X needs at least one gradient")
+        _numbers("X", grads)
+        if params and len(params) != len(grads):
+            raise AttrError(f"Param has {len(params)} variable(s) but X has {len(grads)}")
+        for name, grad, param in zip(op.input("X"), grads, params):
+            if grad is not None and param is not None and _differ(grad.shape, param.shape):
+                raise ShapeError(
+                    f"gradient '{name}' is {list(grad.shape)} but its parameter is "
+                    f"{list(param.shape)}"
+                )
+        weight = _var_infos(op, "Weight")
+        if weight and weight[0] is not None:
+            shape = weight[0].shape
+            if all(d >= 0 for d in shape) and int(np.prod(shape, dtype=np.int64)) != 1:
+                raise ShapeError(f"Weight must hold one number, got shape {list(shape)}")
+            if weight[0].dtype == "bool":
+                raise DTypeError("Weight is bool; it must be a number (e.g. a batch size)")
+        for name in op.output("Out"):
+            var = op.block.find_var(name) or op.block.create_var(name, type="raw")
+            var.type = "raw"
+
+    def forward(X, Param, Weight, ring_id):
+        return _start_average(X, Param, Weight)
+
+
+def _differ(a, b) -> bool:
+    return len(a) != len(b) or any(x != y and x >= 0 and y >= 0 for x, y in zip(a, b))
+
+
+def _start_average(X, Param, Weight) -> PendingAverage:
+    world = WORLD.checked()
+    shapes = []
+    for i, x in enumerate(X):
+        if x is not None:
+            shapes.append(x.shape)
+        elif i < len(Param) and Param[i] is not None:
+            shapes.append(Param[i].shape)
+        else:
+            raise ExecutionError(
+                f"gradient #{i} of the bucket was not computed and no Param gives its shape"
+            )
+    dtype = next((x.dtype for x in X if x is not None), None) or Param[0].dtype
+    if world.size == 1:
+        return PendingAverage(world, None, None, shapes, dtype, Weight is not None)
+    weight = None
+    if Weight is not None:
+        values = np.asarray(Weight).reshape(-1)
+        if values.size != 1:
+            raise ShapeError(f"Weight must hold one number, got {values.size}")
+        weight = float(values[0])
+    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+    wire = _wire_dtype(np.dtype(dtype))
+    buffer = np.empty(sum(sizes) + (weight is not None), wire)
+    offset = 0
+    for x, size in zip(X, sizes):
+        part = buffer[offset : offset + size]
+        if x is None or weight == 0:  # no gradient, or no sample: contributes nothing
+            part[...] = 0
+        elif weight is None:
+            part[...] = x.reshape(-1)
+        else:
+            np.multiply(x.reshape(-1), weight, out=part, casting="unsafe")
+        offset += size
+    if weight is not None:
+        buffer[-1] = weight
+    request = world.start_allreduce(buffer)
+    return PendingAverage(world, buffer, request, shapes, dtype, weight is not None)
+
+
+@register_op
+class c_allreduce_wait:
+    """Out[i] = X[i] averaged over the ranks, once the sum c_allreduce_start started (Request,
+    its handle) is done. Out usually names the same variables as X (the gradients are replaced
+    by their averages before the optimizer reads them)."""
+
+    inputs, outputs = ("Request", "X*"), ("Out*",)
+    attrs = {"ring_id": 0}
+
+    def infer_op(op: OpDesc) -> None:
+        check_ring(op.attrs["ring_id"])
+        request = op.block.find_var(op.input("Request")[0])
+        if request is not None and request.type != "raw":
+            raise DTypeError(
+                f"Request '{request.name}' is a {request.type}; it must be the RAW handle a "
+                "c_allreduce_start op outputs"
+            )
+        _same_as_inputs(op, "X", "Out")
+
+    def forward(Request, X, ring_id):
+        if not isinstance(Request, PendingAverage):
+            raise ExecutionError(
+                f"Request holds {type(Request).__name__}, not the handle of a c_allreduce_start op"
+            )
+        if len(X) != len(Request.shapes):
+            raise ExecutionError(
+                f"X has {len(X)} tensors but the bucket started with {len(Request.shapes)}"
+            )
+        return Request.wait(X)
+
+
+# ---- the startup check that every rank runs the same program ----
+
+
+@register_op
+class c_check_layout:
+    """Out = the SHA-256 digest (uint8 [32]) of `layout`, after checking that every rank's
+    `layout` equals rank 0's: a text naming what the program synchronises (the broadcast
+    variables with their dtypes and shapes, the gradient buckets). Ranks with different
+    programs would otherwise mismatch their broadcasts and all-reduces (wrong sizes or a
+    hang); instead every rank raises ProgramMismatchError naming the first differences."""
+
+    outputs = ("Out",)
+    attrs = {"layout": Required(str), "ring_id": 0}
+
+    def infer(layout, ring_id):
+        check_ring(ring_id)
+        return VarInfo((32,), "uint8")
+
+    def forward(layout, ring_id):
+        digest = np.frombuffer(hashlib.sha256(layout.encode("utf-8")).digest(), np.uint8).copy()
+        world = WORLD.checked()
+        if world.size == 1:
+            return digest
+        every = np.empty((world.size, digest.size), np.uint8)
+        world.allgather(digest, every)
+        differ = [r for r in range(world.size) if not np.array_equal(every[r], every[0])]
+        if differ:
+            layouts = world.allgather_text(layout)
+            raise ProgramMismatchError(_mismatch_message(layouts, differ, world.rank))
+        return digest
+
+
+def _mismatch_message(layouts: list[str], differ: list[int], rank: int) -> str:
+    reference = layouts[0].splitlines()
+    lines = [
+        f"the ranks run different programs: rank(s) {differ} synchronise other variables "
+        f"than rank 0 (this is rank {rank}); build the same program on every rank"
+    ]
+    for r in differ[:3]:
+        other = layouts[r].splitlines()
+        only_0 = [line for line in reference if line not in set(other)][:3]
+        only_r = [line for line in other if line not in set(reference)][:3]
+        if not only_0 and not only_r:
+            lines.append(f"  rank {r}: the same variables in another order")
+        for line in only_0:
+            lines.append(f"  rank 0 has: {line}")
+        for line in only_r:
+            lines.append(f"  rank {r} has: {line}")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "WORLD",
+    "CommStats",
+    "Communicator",
+    "PendingAverage",
+    "ProgramMismatchError",
+    "launched_rank",
+    "launched_world_size",
+]

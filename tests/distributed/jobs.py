@@ -1,0 +1,62 @@
+"""Running MPI jobs from the tests: `mpi_job(ranks, args)` runs tests/distributed/worker.py on
+`ranks` ranks (through `nestflow launch`, or plain mpiexec with `launcher=False`) with one BLAS
+thread per rank. Tests that need MPI skip, saying why, when mpi4py or mpiexec is missing
+(`pip install 'nestflow[distributed]'`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from nestflow.cli import launch
+from nestflow.errors import NestflowError
+
+WORKER = Path(__file__).with_name("worker.py")
+
+
+def _mpi_missing() -> str | None:
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (pip install 'nestflow[distributed]')"
+    try:
+        launch.find_mpiexec()
+    except NestflowError as exc:
+        return str(exc)
+    return None
+
+
+MPI_MISSING = _mpi_missing()
+needs_mpi = pytest.mark.skipif(MPI_MISSING is not None, reason=f"no MPI: {MPI_MISSING}")
+
+
+@dataclass
+class Job:
+    returncode: int
+    output: str  # stdout and stderr of every rank and of mpiexec
+    seconds: float
+
+
+def mpi_job(ranks: int, args: list[str], launcher: bool = True, timeout: float = 120) -> Job:
+    """Run the worker with `args` on `ranks` ranks; returns its exit status and output."""
+    target = [str(WORKER), *args]
+    if launcher:
+        cmd = [sys.executable, "-m", "nestflow", "launch", "-n", str(ranks), *target]
+    else:
+        mpiexec = launch.find_mpiexec()
+        cmd = [mpiexec, "-n", str(ranks)]
+        if launch.is_open_mpi(mpiexec):
+            cmd += ["--allow-run-as-root"] if os.geteuid() == 0 else []
+            cmd += list(launch.OPEN_MPI_OPTIONS)
+        cmd += [sys.executable, *target]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    start = time.perf_counter()
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=WORKER.parent
+    )
+    return Job(done.returncode, done.stdout + done.stderr, time.perf_counter() - start)

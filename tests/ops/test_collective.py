@@ -1,0 +1,236 @@
+"""Collective ops in one process (a world of one rank: each is the identity) through the op
+harness, c_allreduce_sum's gradient numerically, the start/wait pair in a program, and their
+build-time errors. Their work across ranks is tested on MPI jobs in tests/distributed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nestflow as nf
+from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
+from nestflow.ops import collective
+from tests.ops.harness import OpCase, case_id
+
+rng = np.random.default_rng(15)
+SHAPES = [(3, 4), (1,), (2, 1, 5), (0, 3)]
+
+
+def _same(**inputs):
+    return {"Out": inputs["X"]}
+
+
+CASES = [
+    *[
+        OpCase("c_allreduce_sum", {"X": rng.normal(size=s)}, lambda X, **_: {"Out": X},
+               grad=("X",) if 0 not in s else (), id=f"sum{list(s)}")
+        for s in SHAPES
+    ],
+    OpCase("c_allreduce_sum", {"X": np.arange(6, dtype=np.int64).reshape(2, 3)},
+           lambda X, **_: {"Out": X}, id="sum-int64"),
+    OpCase("c_allreduce_sum", {"X": rng.normal(size=(2, 2)).astype(np.float16)},
+           lambda X, **_: {"Out": X}, id="sum-float16"),
+    *[
+        OpCase(f"c_allreduce_{kind}", {"X": rng.normal(size=(4, 3))}, lambda X, **_: {"Out": X},
+               attrs={"use_calc_stream": True}, id=kind)
+        for kind in ("max", "min", "prod")
+    ],
+    OpCase("c_broadcast", {"X": rng.normal(size=(2, 3))}, lambda X, **_: {"Out": X},
+           attrs={"root": 0}, id="broadcast"),
+    OpCase("c_allgather", {"X": rng.normal(size=(3, 2))}, lambda X, **_: {"Out": X},
+           attrs={"nranks": 1}, id="allgather"),
+    OpCase("c_sync_calc_stream", {"X": rng.normal(size=(5,))}, lambda X: {"Out": X}),
+    OpCase("c_sync_comm_stream", {"X": [rng.normal(size=(2,)), rng.normal(size=(1, 3))]},
+           lambda X, **_: {"Out": X}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_collective_ops_are_the_identity_on_one_rank(case):
+    case.check()
+
+
+def test_the_gradient_of_a_sum_over_ranks_is_the_sum_of_the_gradients():
+    """c_allreduce_sum's grad maker emits a c_allreduce_sum of Out@GRAD (every rank's Out
+    depends on every rank's X)."""
+    x = nf.data("x", [2, 3], "float64")
+    x.stop_gradient = False
+    block = x.block
+    out = block.create_var("out", [2, 3], "float64")
+    block.append_op("c_allreduce_sum", {"X": [x]}, {"Out": [out]})
+    (grad,) = nf.gradients(nf.layers.reduce_sum(out), [x])
+    types = [op.type for op in block.ops]
+    assert types.count("c_allreduce_sum") == 2
+    (value,) = nf.Executor().run(feed={"x": np.ones((2, 3))}, fetch_list=[grad])
+    np.testing.assert_array_equal(value, np.ones((2, 3)))
+
+
+def _start_wait(grads, weight=None):
+    block = grads[0].block
+    handle = block.create_var("bucket", type="raw")
+    inputs = {"X": grads, "Param": grads}
+    if weight is not None:
+        inputs["Weight"] = [weight]
+    block.append_op("c_allreduce_start", inputs, {"Out": [handle]})
+    outs = [block.create_var(f"avg{i}") for i in range(len(grads))]
+    block.append_op("c_allreduce_wait", {"Request": [handle], "X": grads}, {"Out": outs})
+    return outs
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_start_and_wait_give_back_the_gradients_on_one_rank(weighted):
+    a = nf.data("a", [-1, 3], "float32")
+    b = nf.data("b", [2], "float32")
+    w = nf.data("w", [1], "int32") if weighted else None
+    outs = _start_wait([a, b], w)
+    assert [tuple(o.shape) for o in outs] == [(-1, 3), (2,)]
+    assert all(o.dtype == "float32" for o in outs)
+    feed = {"a": rng.normal(size=(4, 3)).astype("float32"), "b": np.ones(2, "float32")}
+    if weighted:
+        feed["w"] = np.array([4], "int32")
+    got = nf.Executor().run(feed=feed, fetch_list=outs)
+    np.testing.assert_array_equal(got[0], feed["a"])
+    np.testing.assert_array_equal(got[1], feed["b"])
+
+
+def test_a_gradient_not_computed_contributes_zeros_of_its_parameters_shape():
+    param = np.ones((2, 3))
+    pending = collective._start_average([None, np.ones(4)], [param, np.ones(4)], None)
+    out = pending.wait([None, np.ones(4)])
+    np.testing.assert_array_equal(out[0], np.zeros((2, 3)))
+    np.testing.assert_array_equal(out[1], np.ones(4))
+    with pytest.raises(ExecutionError, match="not computed and no Param"):
+        collective._start_average([None], [], None)
+
+
+def test_the_check_of_layouts_gives_the_digest_on_one_rank():
+    import hashlib
+
+    block = nf.default_main_program().global_block()
+    digest = block.create_var("digest")
+    block.append_op("c_check_layout", {}, {"Out": [digest]}, {"layout": "param w float32[2]"})
+    assert tuple(digest.shape) == (32,) and digest.dtype == "uint8"
+    (got,) = nf.Executor().run(fetch_list=[digest])
+    assert got.tobytes() == hashlib.sha256(b"param w float32[2]").digest()
+
+
+def test_a_mismatch_message_names_the_differing_lines_of_each_rank():
+    text = collective._mismatch_message(["a 1\nb 2", "a 1\nb 3", "b 2\na 1"], [1, 2], rank=2)
+    assert "rank(s) [1, 2] synchronise other variables than rank 0 (this is rank 2)" in text
+    assert "rank 0 has: b 2" in text and "rank 1 has: b 3" in text
+    assert "rank 2: the same variables in another order" in text
+
+
+def _var(name, shape, dtype="float32"):
+    return nf.default_main_program().global_block().create_var(name, shape, dtype)
+
+
+@pytest.mark.parametrize(
+    "op_type, inputs, attrs, error, match",
+    [
+        ("c_allreduce_sum", {"X": ["f"]}, {"ring_id": 1}, AttrError, "one communication ring"),
+        ("c_allreduce_sum", {"X": ["flag"]}, {}, DTypeError, "X is bool"),
+        ("c_broadcast", {"X": ["f"]}, {"root": -1}, AttrError, "root must be a rank"),
+        ("c_allgather", {"X": ["scalar"]}, {"nranks": 1}, ShapeError, "X is 0-d"),
+        ("c_allgather", {"X": ["f"]}, {"nranks": 0}, AttrError, "nranks must be >= 1"),
+        ("c_allgather", {"X": ["f"]}, {}, AttrError, "'nranks' is required"),
+        ("c_allreduce_start", {"X": ["f", "d"]}, {}, DTypeError, "mixes dtypes"),
+        ("c_allreduce_start", {"X": ["i"]}, {}, DTypeError, "must be floating point"),
+        ("c_allreduce_start", {"X": ["f"], "Param": ["f", "f"]}, {}, AttrError, "Param has 2"),
+        ("c_allreduce_start", {"X": ["f"], "Param": ["p"]}, {}, ShapeError, r"\[2, 3\] but"),
+        ("c_allreduce_start", {"X": ["f"], "Weight": ["f"]}, {}, ShapeError, "one number"),
+        ("c_allreduce_start", {"X": ["f"], "Weight": ["flag1"]}, {}, DTypeError, "Weight is"),
+        ("c_allreduce_wait", {"Request": ["f"], "X": ["f"]}, {}, DTypeError, "RAW handle"),
+    ],
+)
+def test_bad_collective_ops_fail_at_build_time(op_type, inputs, attrs, error, match):
+    _var("f", [2, 3])
+    _var("d", [2], "float64")
+    _var("i", [2], "int64")
+    _var("p", [3, 3])
+    _var("flag", [2], "bool")
+    _var("flag1", [1], "bool")
+    _var("scalar", [])
+    block = nf.default_main_program().global_block()
+    outputs = {"Out": ["out"]}
+    if op_type == "c_allreduce_wait":
+        outputs = {"Out": ["f"]}
+    with pytest.raises(error, match=match):
+        block.append_op(op_type, inputs, outputs, attrs)
+
+
+def test_a_wait_on_something_else_than_a_start_handle_fails_at_run_time():
+    with pytest.raises(ExecutionError, match="not the handle of a c_allreduce_start"):
+        collective.c_allreduce_wait.op_def.forward(np.ones(2), [np.ones(2)], 0)
+
+
+class _TwoRanks:
+    """A stand-in world of two ranks for the averaging arithmetic: the other rank's buffer is
+    given, and the "all-reduce" adds it to ours."""
+
+    size, rank, initialized = 2, 0, True
+
+    def __init__(self, other: np.ndarray):
+        self.other = other
+        self.sent: list[np.ndarray] = []
+
+    def checked(self):
+        return self
+
+    def start_allreduce(self, buffer):
+        self.sent.append(buffer.copy())
+        buffer += self.other
+        return "request"
+
+    def wait(self, request):
+        assert request == "request"
+
+
+def _average(monkeypatch, X, other, weight=None):
+    world = _TwoRanks(np.asarray(other))
+    monkeypatch.setattr(collective, "WORLD", world)
+    params = [np.zeros_like(x) if x is not None else np.zeros(3) for x in X]
+    pending = collective._start_average(X, params, weight)
+    return pending.wait(X), world.sent[0]
+
+
+def test_the_plain_mean_over_two_ranks(monkeypatch):
+    a, b = rng.normal(size=(2, 3)), rng.normal(size=4)
+    c, d = rng.normal(size=6), rng.normal(size=4)
+    (ga, gb), sent = _average(monkeypatch, [a, b], np.concatenate([c, d]))
+    np.testing.assert_array_equal(sent, np.concatenate([a.ravel(), b]))  # one buffer, one call
+    np.testing.assert_allclose(ga, (a + c.reshape(2, 3)) / 2, rtol=1e-15)
+    np.testing.assert_allclose(gb, (b + d) / 2, rtol=1e-15)
+
+
+def test_weighted_by_batch_size_each_rank_counts_as_its_samples(monkeypatch):
+    """Rank 0 had 3 samples, rank 1 one: (3 g_0 + 1 g_1) / 4, the mean over the 4 samples."""
+    a, c = rng.normal(size=5), rng.normal(size=5)
+    (g,), sent = _average(monkeypatch, [a], np.concatenate([c, [1.0]]), np.array([3], np.int32))
+    np.testing.assert_array_equal(sent, np.concatenate([3 * a, [3.0]]))
+    np.testing.assert_allclose(g, (3 * a + c) / 4, rtol=1e-15)
+
+
+def test_a_rank_with_an_empty_batch_contributes_nothing(monkeypatch):
+    """An empty batch's mean loss has NaN gradients; weighted by 0 samples they are left out;
+    when no rank had a sample the average is zero (no step)."""
+    nan, c = np.full(3, np.nan), rng.normal(size=3)
+    (g,), sent = _average(monkeypatch, [nan], np.concatenate([2 * c, [2.0]]), np.array([0]))
+    np.testing.assert_array_equal(sent, np.zeros(4))
+    np.testing.assert_allclose(g, c, rtol=1e-15)
+    (g,), _ = _average(monkeypatch, [nan], np.zeros(4), np.array([0]))
+    np.testing.assert_array_equal(g, np.zeros(3))
+
+
+def test_float16_gradients_travel_as_float32(monkeypatch):
+    a = rng.normal(size=4).astype(np.float16)
+    (g,), sent = _average(monkeypatch, [a], np.ones(4, np.float32))
+    assert sent.dtype == np.float32 and g.dtype == np.float16
+    np.testing.assert_allclose(g, ((a.astype(np.float32) + 1) / 2).astype(np.float16))
+
+
+def test_a_missing_gradient_sends_zeros_so_the_ranks_agree(monkeypatch):
+    c = rng.normal(size=3)
+    (g,), sent = _average(monkeypatch, [None], c)
+    np.testing.assert_array_equal(sent, np.zeros(3))
+    np.testing.assert_allclose(g, c / 2, rtol=1e-15)
