@@ -71,7 +71,11 @@ HOOKS = (
 def is_writing_rank() -> bool:
     """Whether this process writes checkpoints, logs and progress: rank 0 when nf.distributed
     is in use, else True. The one place this is decided (Model.save, ModelCheckpoint,
-    EarlyStopping's best model, CSVLogger and ProgBarLogger ask it)."""
+    EarlyStopping's best model, CSVLogger and ProgBarLogger ask it).
+
+    >>> nf.callbacks.is_writing_rank()  # one process: it writes
+    True
+    """
     distributed = sys.modules.get("nestflow.distributed")
     rank = getattr(distributed, "rank", None)
     return rank is None or rank() == 0
