@@ -401,8 +401,9 @@ def _same_as_inputs(op: OpDesc, in_slot: str, out_slot: str) -> None:
 
 class PendingAverage:
     """A bucket of gradients being summed over the ranks: what c_allreduce_start hands to
-    c_allreduce_wait (the value of a RAW variable). `buffer` holds the flattened gradients
-    (times the weight, then the weight itself, when weighted) in the wire dtype."""
+    c_allreduce_wait (the value of a RAW variable). `buffer` holds the flattened gradients in
+    the wire dtype, divided by the number of ranks (so that the sum is the mean), or when
+    weighted times the rank's weight and followed by the weight itself."""
 
     __slots__ = ("world", "buffer", "request", "shapes", "dtype", "weighted")
 
@@ -430,9 +431,8 @@ class PendingAverage:
                 values /= total
             else:  # no rank had a sample: no step
                 values[...] = 0
-        else:
+        else:  # each rank sent X / size: the sum is the mean
             values = buffer
-            values /= self.world.size
         out, offset = [], 0
         for shape in self.shapes:
             size = int(np.prod(shape, dtype=np.int64))
@@ -531,15 +531,16 @@ def _start_average(X, Param, Weight) -> PendingAverage:
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
     wire = _wire_dtype(np.dtype(dtype))
     buffer = np.empty(sum(sizes) + (weight is not None), wire)
+    # Scaled while packed (one pass over the gradients): by the weight, else by 1 / size so
+    # that the sum is the mean (exact for power-of-two sizes).
+    scale = weight if weight is not None else 1.0 / world.size
     offset = 0
     for x, size in zip(X, sizes):
         part = buffer[offset : offset + size]
-        if x is None or weight == 0:  # no gradient, or no sample: contributes nothing
+        if x is None or scale == 0:  # no gradient, or no sample: contributes nothing
             part[...] = 0
-        elif weight is None:
-            part[...] = x.reshape(-1)
         else:
-            np.multiply(x.reshape(-1), weight, out=part, casting="unsafe")
+            np.multiply(x.reshape(-1), scale, out=part, casting="unsafe")
         offset += size
     if weight is not None:
         buffer[-1] = weight

@@ -198,9 +198,10 @@ def test_the_plain_mean_over_two_ranks(monkeypatch):
     a, b = rng.normal(size=(2, 3)), rng.normal(size=4)
     c, d = rng.normal(size=6), rng.normal(size=4)
     (ga, gb), sent = _average(monkeypatch, [a, b], np.concatenate([c, d]))
-    np.testing.assert_array_equal(sent, np.concatenate([a.ravel(), b]))  # one buffer, one call
-    np.testing.assert_allclose(ga, (a + c.reshape(2, 3)) / 2, rtol=1e-15)
-    np.testing.assert_allclose(gb, (b + d) / 2, rtol=1e-15)
+    # one buffer, one call; each rank sends its gradients over the number of ranks
+    np.testing.assert_array_equal(sent, np.concatenate([a.ravel(), b]) / 2)
+    np.testing.assert_allclose(ga, a / 2 + c.reshape(2, 3), rtol=1e-15)
+    np.testing.assert_allclose(gb, b / 2 + d, rtol=1e-15)
 
 
 def test_weighted_by_batch_size_each_rank_counts_as_its_samples(monkeypatch):
@@ -224,13 +225,13 @@ def test_a_rank_with_an_empty_batch_contributes_nothing(monkeypatch):
 
 def test_float16_gradients_travel_as_float32(monkeypatch):
     a = rng.normal(size=4).astype(np.float16)
-    (g,), sent = _average(monkeypatch, [a], np.ones(4, np.float32))
+    (g,), sent = _average(monkeypatch, [a], np.full(4, 0.5, np.float32))
     assert sent.dtype == np.float32 and g.dtype == np.float16
     np.testing.assert_allclose(g, ((a.astype(np.float32) + 1) / 2).astype(np.float16))
 
 
 def test_a_missing_gradient_sends_zeros_so_the_ranks_agree(monkeypatch):
     c = rng.normal(size=3)
-    (g,), sent = _average(monkeypatch, [None], c)
+    (g,), sent = _average(monkeypatch, [None], c / 2)
     np.testing.assert_array_equal(sent, np.zeros(3))
     np.testing.assert_allclose(g, c / 2, rtol=1e-15)

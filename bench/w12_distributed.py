@@ -1,0 +1,210 @@
+"""W12: data-parallel training on MPI ranks, 1 BLAS thread each: the throughput (samples/s) of
+the W1 MLP and the W3 RNN at 1 rank (one process, the plain optimizer) and 2 ranks
+(nf.distributed.DistributedOptimizer under `nestflow launch -n 2`), the scaling efficiency
+(2-rank throughput / (2 x 1-rank throughput)) and the share of the 2-rank step time each rank
+spends waiting in all-reduce (c_allreduce_wait: the sum itself plus waiting for the slower
+rank).
+
+Weak scaling: every rank takes W1's (W3's) batch per step, so a 2-rank step trains on twice the
+samples. Each configuration runs in fresh processes, 1 rank then 2 ranks, `ROUNDS` times; a
+process times `CHUNKS` chunks of steps after a warm-up (the ranks start each chunk together and
+a chunk lasts as long as its slowest rank) and reports the median chunk. The table shows the
+medians over the rounds and the load average of the machine while it ran: with other work on
+the 2 cores the 2-rank figures are unreliable (the bench notes it).
+
+    python bench/w12_distributed.py            # what make bench runs
+    python bench/w12_distributed.py --worker w1 --steps 40   # one process (or rank) alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from timing import row, unavailable
+
+ROUNDS = 3
+CHUNKS = 5
+TARGET_SPEEDUP = 1.7  # W1 at 2 ranks over 1 rank
+WORKLOADS = {
+    "w1": ("W1 MLP 784-512-512-10, batch 128 per rank, SGD", 40),
+    "w3": ("W3 tanh RNN T=32, batch 32 per rank, 64->128, SGD", 40),
+}
+
+
+def _build(kind: str, distributed: bool, rank: int):
+    """The W1 (or W3) train step's program, its feed for this rank and the samples per step."""
+    import nestflow as nf
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup), nf.unique_name.guard():
+        if kind == "w1":
+            import w1_mlp as w
+
+            x = nf.data("x", [-1, w.SIZES[0]])
+            y = nf.data("y", [-1, 1], "int64")
+            h = nf.layers.fc(x, w.SIZES[1], act="relu", name="fc1")
+            h = nf.layers.fc(h, w.SIZES[2], act="relu", name="fc2")
+            logits = nf.layers.fc(h, w.SIZES[3], name="fc3")
+            loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, y))
+            xs, ys = w.batch(seed=rank)
+            feed, samples, lr = {"x": xs, "y": ys}, w.BATCH, w.LR
+        else:
+            import w3_rnn as w
+
+            xs, wx, wh = w.data(seed=rank)
+            x = nf.data("x", [-1, w.T, w.N_IN])
+            w_x = nf.layers.create_parameter([w.N_IN, w.N_HID], "float32", name="rnn.wx")
+            w_h = nf.layers.create_parameter([w.N_HID, w.N_HID], "float32", name="rnn.wh")
+            h0 = nf.layers.fill_constant([w.BATCH, w.N_HID], "float32", 0.0)
+            rnn = nf.rnn()
+            with rnn.step():
+                x_t = rnn.step_input(x)
+                h = rnn.memory(init=h0)
+                z = nf.layers.matmul(x_t, w_x) + nf.layers.matmul(rnn.previous_memory(h), w_h)
+                act = nf.layers.tanh(z)
+                rnn.update_memory(h, act)
+                rnn.output(act)
+            out = rnn()
+            loss = nf.layers.mean(out[0] if isinstance(out, list | tuple) else out)
+            feed, samples, lr = {"x": xs}, w.BATCH, w.LR
+        optimizer = nf.optimizer.SGD(learning_rate=lr)
+        if distributed:
+            optimizer = nf.distributed.DistributedOptimizer(optimizer)
+        optimizer.minimize(loss)
+    return main, startup, loss, feed, samples
+
+
+def worker(kind: str, steps: int, distributed: bool) -> dict:
+    """Time `CHUNKS` chunks of `steps` train steps in this process (one rank of the job when
+    `distributed`); returns rank 0's figures (None on the other ranks)."""
+    import nestflow as nf
+
+    if distributed:
+        nf.distributed.init()
+    rank, size = nf.distributed.rank(), nf.distributed.world_size()
+    main, startup, loss, feed, samples = _build(kind, distributed, rank)
+    exe, scope = nf.Executor(), nf.Scope()
+    exe.run(startup, scope=scope)
+    for _ in range(3):
+        exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
+    throughputs, waits, cpu = [], [], []
+    for _ in range(CHUNKS):
+        nf.distributed.barrier()
+        nf.distributed.stats(reset=True)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
+        seconds = time.perf_counter() - start
+        busy = (time.process_time() - cpu_start) / steps
+        waited = nf.distributed.stats().wait_seconds
+        every = nf.distributed.allgather(np.array([seconds, waited / seconds, busy]))
+        throughputs.append(size * samples * steps / every[:, 0].max())
+        waits.append(float(every[:, 1].mean()))
+        cpu.append(float(every[:, 2].mean()))
+    figures = {
+        "ranks": size,
+        "samples_per_s": statistics.median(throughputs),
+        "wait_share": statistics.median(waits),
+        "cpu_ms_per_step": 1e3 * statistics.median(cpu),
+        "threads": nf.get_num_threads(),
+    }
+    return figures if rank == 0 else {}
+
+
+def _run_process(kind: str, steps: int, ranks: int) -> dict:
+    """One configuration in fresh processes; rank 0's figures."""
+    here = str(Path(__file__).resolve())
+    args = [here, "--worker", kind, "--steps", str(steps)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    if ranks == 1:
+        cmd = [sys.executable, *args]
+    else:
+        from nestflow.cli.launch import command
+
+        cmd, launch_env = command(ranks, [*args, "--distributed"], threads=1)
+        env.update(launch_env, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("W12 ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError((done.stderr or done.stdout).strip().splitlines()[-1])
+    return json.loads(lines[-1][4:])
+
+
+def run(rounds: int = ROUNDS) -> dict:
+    rows, notes, cpu = [], [], []
+    loads = [os.getloadavg()[0]]
+    for kind, (title, steps) in WORKLOADS.items():
+        try:
+            found = {1: [], 2: []}
+            for _ in range(rounds):
+                for ranks in (1, 2):
+                    found[ranks].append(_run_process(kind, steps, ranks))
+                loads.append(os.getloadavg()[0])
+        except Exception as exc:  # no MPI, or a failed job: say so, never a made-up number
+            rows.append(row(f"{title}: throughput", "samples/s", unavailable(exc)))
+            continue
+        one = statistics.median(f["samples_per_s"] for f in found[1])
+        two = statistics.median(f["samples_per_s"] for f in found[2])
+        wait = statistics.median(f["wait_share"] for f in found[2])
+        cpu.append(
+            f"{kind.upper()} {statistics.median(f['cpu_ms_per_step'] for f in found[1]):.1f} ms "
+            f"alone, {statistics.median(f['cpu_ms_per_step'] for f in found[2]):.1f} ms per rank "
+            "with 2"
+        )
+        name = kind.upper()
+        rows += [
+            row(f"{name} throughput, 1 rank (one process, plain SGD)", "samples/s", one),
+            row(f"{name} throughput, 2 ranks (DistributedOptimizer)", "samples/s", two),
+            row(
+                f"{name} time per sample, 2 ranks / 1 rank (1 / speed-up {two / one:.2f}x; "
+                f"scaling efficiency {two / (2 * one):.0%})",
+                "x",
+                one / two,
+                targets=[("abs", round(1 / TARGET_SPEEDUP, 3))] if kind == "w1" else None,
+            ),
+            row(f"{name} share of the 2-rank step waiting in all-reduce", "%", 100 * wait),
+        ]
+    if cpu:
+        notes.append(
+            "CPU time of one step (all-reduce waits included): " + "; ".join(cpu) + " (what "
+            "2 ranks can overlap on 2 idle cores)"
+        )
+    notes.append(
+        f"1 BLAS thread per process; load average {min(loads):.1f}-{max(loads):.1f} while it "
+        f"ran on {os.cpu_count()} cores (2 ranks need 2 idle cores to scale)"
+    )
+    return {
+        "workload": "W12 data-parallel MPI, 1 BLAS thread per rank",
+        "rows": rows,
+        "notes": notes,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", choices=sorted(WORKLOADS))
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--distributed", action="store_true")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    args = parser.parse_args()
+    if args.worker:
+        figures = worker(args.worker, args.steps, args.distributed)
+        if figures:
+            print("W12 " + json.dumps(figures), flush=True)
+        return
+    from timing import measured, print_result
+
+    print_result(measured(lambda: run(args.rounds)))
+
+
+if __name__ == "__main__":
+    main()
