@@ -206,7 +206,63 @@ def _plain(cls: type, name: str) -> Any:
 
 
 def register_op(cls: type) -> type:
-    """Register the op described by class `cls` (and its gradient op if it has `backward`)."""
+    """Register the op described by class `cls` (and its gradient op if it has `backward`).
+
+    The class body describes the op; its name is the op type (or a `type` attribute):
+
+    - `inputs`, `outputs`: slot names; "X" one variable, "X*" a list (duplicable), "X?"
+      optional.
+    - `attrs`: `{name: default}` for every attribute; the default's type is the attr's type
+      (`Required(float)` marks one without a default, None one of any type).
+    - `infer(**slot_infos, **attrs)`: gets a VarInfo(shape, dtype) per input slot (-1: unknown
+      dim) and returns the outputs' VarInfos; it runs when the op is appended, so bad input
+      raises an nf.errors class at build time, and the registry adds the op's source line.
+      `infer_op(op)` instead sees the whole OpDesc.
+    - `forward(**inputs, **attrs)`: the NumPy kernel, returning the output(s); kernels never
+      write their inputs.
+    - `backward(**inputs, **outputs, <Out>_grad, **attrs)`: one gradient per input slot (None
+      for none). Defining it also registers the gradient op `<type>_grad` and the default
+      `grad_maker`; an op with unusual gradient wiring defines `grad_maker(op, ctx)` itself, and
+      `no_grad_inputs` names input slots that never get a gradient.
+    - `inplace = {"Out": "X"}`: `forward` accepts `out=` and may write Out into X's buffer
+      (the executor passes it only when it owns that buffer outright); `grad_inplace` likewise
+      for the gradient op.
+    - `specialize(**slot_infos, **attrs)`: called once when a plan is prepared; returns a
+      faster kernel taking the inputs (and `out=`) for these attrs, or None to keep `forward`.
+    - `run(ctx)`: instead of `forward`, for scope-aware ops (control flow, feed/fetch); gets
+      the executor's RunContext.
+
+    Raises NestflowError for an op type registered twice or a class with neither forward nor
+    run. Returns `cls`.
+
+    >>> from nestflow.ops.registry import VarInfo, register_op
+    >>> from nestflow.layers.helper import append_op
+    >>> @register_op
+    ... class doc_softplus:
+    ...     '''Out = log(1 + exp(beta * X)) / beta.'''
+    ...     inputs, outputs = ("X",), ("Out",)
+    ...     attrs = {"beta": 1.0}
+    ...     inplace = {"Out": "X"}
+    ...     def infer(X, beta):
+    ...         if beta <= 0:
+    ...             raise nf.errors.AttrError(f"beta must be > 0, got {beta}")
+    ...         return VarInfo(X.shape, X.dtype)
+    ...     def forward(X, beta, out=None):
+    ...         return np.divide(np.logaddexp(0.0, beta * X), beta, out=out)
+    ...     def specialize(X, beta):  # attrs bound: the kernel takes the inputs only
+    ...         return (lambda X, out=None: np.logaddexp(0.0, X, out=out)) if beta == 1 else None
+    ...     def backward(X, Out, Out_grad, beta):
+    ...         return (Out_grad / (1.0 + np.exp(-beta * X)),)
+    >>> x = nf.data("x", [-1, 2], "float64")
+    >>> x.stop_gradient = False
+    >>> y = append_op("doc_softplus", {"X": x}, {"beta": 2.0})
+    >>> (dx,) = nf.gradients(nf.layers.reduce_sum(y), x)
+    >>> out, grad = nf.Executor().run(feed={"x": np.array([[0.0, 1.0]])}, fetch_list=[y, dx])
+    >>> out.round(4).tolist(), grad.round(4).tolist()
+    ([[0.3466, 1.0635]], [[0.5, 0.8808]])
+    >>> from nestflow.ops import registry  # (doctest only: leave the registry as it was)
+    >>> _ = [registry._REGISTRY.pop(t) for t in ("doc_softplus", "doc_softplus_grad")]
+    """
     op_type = cls.__dict__.get("type", cls.__name__)
     if op_type in _REGISTRY:
         raise NestflowError(f"operator '{op_type}' is registered twice")
