@@ -85,12 +85,26 @@ def _lengths(value: Any, batch: int, steps: int, name: str) -> np.ndarray | None
     return lengths
 
 
-def _active(lengths: np.ndarray | None, t: int) -> np.ndarray | None:
-    """Rows still running at step t, or None when every row is."""
+def _running(lengths: np.ndarray | None, steps: int) -> list[np.ndarray | None]:
+    """For each step t, the bool mask of the rows still running at t, or None when every row
+    is (from one comparison)."""
     if lengths is None:
-        return None
-    active = lengths > t
-    return None if active.all() else active
+        return [None] * steps
+    shortest = int(lengths.min()) if lengths.size else steps
+    masks = lengths[None, :] > np.arange(steps)[:, None]
+    return [None if t < shortest else masks[t] for t in range(steps)]
+
+
+def _same_shape(new: Any, old: np.ndarray, name: str, update: str, t: int) -> np.ndarray:
+    """A memory's update as an array of the memory's shape; ControlFlowError otherwise."""
+    new = np.asarray(new) if isinstance(new, np.generic) else new
+    if not isinstance(new, np.ndarray) or new.shape != old.shape:
+        raise ControlFlowError(
+            f"recurrent: memory '{name}' has shape {list(old.shape)} but its update "
+            f"'{update}' has shape {list(getattr(new, 'shape', []))} at step {t}; "
+            f"a memory keeps one shape over the steps"
+        )
+    return new
 
 
 def _rows(mask: np.ndarray, ndim: int) -> np.ndarray:
@@ -177,39 +191,56 @@ class recurrent:
             ctx.set_output("StepScopes", [])
             return
         scopes = []
-        collected: list[list[np.ndarray]] = [[] for _ in outs]
-        run_block, remembered = ctx.executor.run_sub_block, {}
+        # Each output is written step by step into its [batch, steps, ...] array (a copy: the
+        # outputs never alias a value kept in a step scope); rows past their length stay zero.
+        stacked: list[np.ndarray | None] = [None] * len(outs)
+        run_block, remembered, new_scope = ctx.executor.run_sub_block, {}, ctx.scope.new_scope
+        slices = list(zip(in_names, sequences))
+        updated = list(zip(memories, updates))
+        running = _running(lengths, steps)
+        plan = update_slots = out_slots = None
         for t in range(steps):
-            active = None if lengths is None else _active(lengths, t)
-            scope = ctx.scope.new_scope()
+            active = running[t]
+            scope = new_scope()
             scopes.append(scope)
-            bound = {name: value[:, t] for name, value in zip(in_names, sequences)}
+            bound = {name: value[:, t] for name, value in slices}
             bound.update(current)
             frame = run_block(block, scope, bound, ctx.frame, remembered)
             store_step(frame, scope, bound)
-            for name, update in zip(memories, updates):
-                new = _step_value(frame, bound, update)
-                new = np.asarray(new) if isinstance(new, np.generic) else new
+            if frame.plan is not plan:  # the step's slots, read once: the plan is one per run
+                plan = frame.plan
+                update_slots = [plan.slot_of.get(u) for u in updates]
+                out_slots = [plan.slot_of.get(o) for o in outs]
+            env = frame.env
+            for (name, update), slot in zip(updated, update_slots):
+                new = env[slot] if slot is not None else None
+                if new is None:
+                    new = _step_value(frame, bound, update)
                 old = current[name]
-                if not isinstance(new, np.ndarray) or new.shape != old.shape:
-                    raise ControlFlowError(
-                        f"recurrent: memory '{name}' has shape {list(old.shape)} but its update "
-                        f"'{update}' has shape {list(getattr(new, 'shape', []))} at step {t}; "
-                        f"a memory keeps one shape over the steps"
-                    )
+                if type(new) is not np.ndarray or new.shape != old.shape:
+                    new = _same_shape(new, old, name, update, t)
                 if active is not None:
                     new = np.where(_rows(active, new.ndim), new, old)
                 current[name] = new
-            for i, name in enumerate(outs):
-                value = _as_rows(_step_value(frame, bound, name), batch, name, "step output")
-                if collected[i] and collected[i][0].shape != value.shape:
+            for i, (name, slot) in enumerate(zip(outs, out_slots)):
+                value = env[slot] if slot is not None else None
+                if value is None:
+                    value = _step_value(frame, bound, name)
+                if type(value) is not np.ndarray or not value.ndim or value.shape[0] != batch:
+                    value = _as_rows(value, batch, name, "step output")
+                out = stacked[i]
+                if out is None:
+                    out = stacked[i] = np.zeros((batch, steps, *value.shape[1:]), value.dtype)
+                elif out.shape[2:] != value.shape[1:]:
                     raise ControlFlowError(
                         f"recurrent: step output '{name}' has shape {list(value.shape)} at "
-                        f"step {t} but {list(collected[i][0].shape)} at step 0"
+                        f"step {t} but {[batch, *out.shape[2:]]} at step 0"
                     )
-                collected[i].append(_masked(value, active))
-        # np.stack copies, so the outputs never alias a value kept in a step scope.
-        ctx.set_outputs("Outputs", [np.stack(parts, axis=1) for parts in collected])
+                if active is None:
+                    out[:, t] = value
+                else:
+                    out[active, t] = value[active]
+        ctx.set_outputs("Outputs", stacked)
         ctx.set_outputs("FinalMemories", [current[name] for name in memories])
         ctx.set_output("StepScopes", scopes)
 
@@ -345,19 +376,23 @@ class recurrent_grad:
         deferred = deferred_products(attrs)
         p_wanted = [item for item in p_wanted if item[1] not in deferred]
         run_block, parent, remembered = ctx.executor.run_sub_block, ctx.frame, {}
+        running = _running(lengths, len(scopes))
+        # A step output's shape (and dtype) is one over the steps: read it once, from the last.
+        out_steps: dict[str, np.ndarray] = {}
         for t in reversed(range(len(scopes))):
             scope = scopes[t]
-            active = None if lengths is None else _active(lengths, t)
+            active = running[t]
             values: dict[str, Any] = {}
             for name, seed, grad in seeded_outs:
-                step = scope_array(scope, name)
-                shape = None if step is None else getattr(step, "shape", None) or np.shape(step)
+                step = out_steps.get(name)
+                if step is None:
+                    step = out_steps[name] = np.asarray(scope_array(scope, name))
                 if grad is None:
-                    part = np.zeros(shape, dtype=np.asarray(step).dtype)
+                    part = np.zeros(step.shape, dtype=step.dtype)
                 else:
                     part = _masked(grad[:, t], active)
-                    if shape is not None and part.shape != shape:
-                        part = part.reshape(shape)
+                    if part.shape != step.shape:
+                        part = part.reshape(step.shape)
                 values[seed] = values[seed] + part if seed in values else part
             passed: dict[str, Any] = {}
             for name, seed, _ in seeded_memories:
