@@ -22,7 +22,8 @@ API: `init()`, `is_initialized()`, `rank()`, `world_size()`, `barrier()`, `broad
 states the averaging rule), `ProgramMismatchError`. The collective ops themselves
 (c_allreduce_sum, c_broadcast, c_allgather, ..., c_allreduce_start/wait) are in
 nestflow/ops/collective.py. After `init()`, an exception on any rank prints its traceback and
-ends every rank (MPI_Abort): a failed rank never leaves the others waiting;
+ends every rank (MPI_Abort): a failed rank never leaves the others waiting; nor does a rank
+whose program ends early (the others' next collective op fails after 5 s, naming it);
 `python -m nestflow.distributed script.py` (what `nestflow launch` runs) does the same for
 exceptions before init() and for sys.exit with a non-zero status.
 

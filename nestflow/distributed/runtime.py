@@ -21,7 +21,10 @@ def init() -> None:
     every rank must call it, before any program with collective ops runs. Calling it again does
     nothing. From then on an exception that reaches the top of the program on any rank prints
     that rank's traceback and aborts every rank (MPI_Abort), so a failure never leaves the
-    other ranks waiting in an all-reduce. Without mpiexec the world is this process alone.
+    other ranks waiting in an all-reduce; and a rank whose program ends tells the others, so
+    that one still waiting for it in a collective op (the ranks ran different numbers of
+    steps) fails after a few seconds instead of hanging. Without mpiexec the world is this
+    process alone.
     UninitializedError if mpi4py or MPI is missing (pip install 'nestflow[distributed]').
 
     >>> import nestflow as nf

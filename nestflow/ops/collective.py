@@ -30,8 +30,10 @@ nestflow's own, for data-parallel training (nf.distributed.DistributedOptimizer)
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from time import perf_counter_ns
@@ -46,6 +48,11 @@ from nestflow.ops.registry import GradContext, GradOpSpec, Required, VarInfo, re
 # Environment variables in which mpiexec (Open MPI, MPICH/Hydra, MVAPICH) announces the world.
 _LAUNCHER_SIZE = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 _LAUNCHER_RANK = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
+# The tag of the message a rank sends every other one when its program ends, and how long a
+# collective may go on after such a message before it counts as never finishing (a rank that
+# ended after its last collective lets the others finish theirs at once).
+EXIT_TAG = 7215
+EXIT_GRACE_S = 5.0
 
 
 def _launcher_value(keys: tuple[str, ...], default: int) -> int:
@@ -112,7 +119,40 @@ class Communicator:
             comm = MPI.COMM_WORLD.Dup()
             self.rank, self.size = comm.Get_rank(), comm.Get_size()
             self.comm = comm
+            if self.size > 1:
+                atexit.register(self._announce_exit)
         return self
+
+    def _announce_exit(self) -> None:
+        """At the normal end of this process: tell every other rank (one small message
+        each), so that a rank still waiting for this one in a collective stops waiting."""
+        from mpi4py import MPI
+
+        if MPI.Is_finalized():
+            return
+        note = np.array([self.rank], np.int64)
+        for rank in range(self.size):
+            if rank != self.rank:
+                self.comm.Send(note, dest=rank, tag=EXIT_TAG)
+
+    def _complete(self, request: Any) -> None:
+        """Wait for `request`, progressing MPI; ExecutionError when another rank's program
+        ended (normally) and this collective still cannot finish after EXIT_GRACE_S: the ranks
+        ran different numbers of collective ops (say, of steps), which would hang for ever."""
+        from mpi4py import MPI
+
+        status, seen = MPI.Status(), None
+        while not request.Test():
+            if seen is None:
+                if self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=EXIT_TAG, status=status):
+                    seen = time.monotonic()
+            elif time.monotonic() - seen > EXIT_GRACE_S:
+                raise ExecutionError(
+                    f"rank {status.Get_source()} ended its program while rank {self.rank} "
+                    "waits for it in a collective op: the ranks ran different numbers of "
+                    "steps (give every rank the same number of batches, as "
+                    "DistributedBatchSampler does)"
+                )
 
     def checked(self) -> Communicator:
         """Self, for a kernel about to communicate; UninitializedError when mpiexec started
@@ -132,12 +172,14 @@ class Communicator:
         self.calls[name] += 1
         self.nbytes += buffer.nbytes
 
+    # Each call is the non-blocking one completed by _complete, so no rank waits for ever.
+
     def allreduce(self, buffer: np.ndarray, kind: str) -> None:
         """buffer = its elementwise `kind` (sum, max, min, prod) over the ranks, in place."""
         from mpi4py import MPI
 
         self._count("Allreduce", buffer)
-        self.comm.Allreduce(MPI.IN_PLACE, buffer, op=_MPI_OPS[kind](MPI))
+        self._complete(self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=_MPI_OPS[kind](MPI)))
 
     def start_allreduce(self, buffer: np.ndarray) -> Any:
         """Start summing `buffer` over the ranks in place; returns the MPI request. Earlier
@@ -155,18 +197,18 @@ class Communicator:
         # By identity: finished requests all compare equal to MPI.REQUEST_NULL.
         self.inflight = [r for r in self.inflight if r is not request]
         start = perf_counter_ns()
-        request.Wait()
+        self._complete(request)
         self.wait_ns += perf_counter_ns() - start
         self.calls["Wait"] += 1
 
     def bcast(self, buffer: np.ndarray, root: int) -> None:
         self._count("Bcast", buffer)
-        self.comm.Bcast(_as_bytes(buffer), root=root)
+        self._complete(self.comm.Ibcast(_as_bytes(buffer), root=root))
 
     def allgather(self, send: np.ndarray, receive: np.ndarray) -> None:
         """receive (size x send's bytes) = every rank's send, in rank order."""
         self._count("Allgather", receive)
-        self.comm.Allgather(_as_bytes(send), _as_bytes(receive))
+        self._complete(self.comm.Iallgather(_as_bytes(send), _as_bytes(receive)))
 
     def allgather_text(self, text: str) -> list[str]:
         """Every rank's `text`, in rank order (lengths, then the UTF-8 bytes)."""
@@ -175,14 +217,14 @@ class Communicator:
         self.allgather(np.array([data.size], np.int64), lengths)
         every = np.empty(int(lengths.sum()), np.uint8)
         self._count("Allgatherv", every)
-        self.comm.Allgatherv(data, [every, lengths.tolist()])
+        self._complete(self.comm.Iallgatherv(data, [every, lengths.tolist()]))
         ends = np.cumsum(lengths)
         return [every[e - n : e].tobytes().decode("utf-8") for e, n in zip(ends, lengths)]
 
     def barrier(self) -> None:
         if self.size > 1:
             self.calls["Barrier"] += 1
-            self.comm.Barrier()
+            self._complete(self.comm.Ibarrier())
 
     def stats(self, reset: bool = False) -> CommStats:
         found = CommStats(dict(self.calls), self.nbytes, self.wait_ns / 1e9)

@@ -132,6 +132,15 @@ def test_a_rank_failing_mid_step_ends_the_whole_job_with_its_error():
     assert "rank 0 finished step 3" not in job.output
 
 
+def test_a_rank_ending_early_does_not_leave_the_others_waiting_for_ever():
+    """Rank 1's program ends normally after 4 steps while rank 0 goes on: rank 0's next
+    all-reduce learns that rank 1 is gone (its exit message) and fails, ending the job."""
+    job = mpi_job(2, ["unused", "uneven", "--rank", "1"], timeout=60)
+    assert job.returncode != 0 and job.seconds < 30, job.output
+    assert "rank 1 finished step 3" in job.output and "rank 1 finished step 4" not in job.output
+    assert "rank 1 ended its program while rank 0 waits for it" in job.output
+
+
 def test_a_rank_failing_before_init_ends_the_job_through_the_launcher():
     """nestflow launch runs each rank under python -m nestflow.distributed: an exception
     before nf.distributed.init() (here: a bad argument on every rank) still ends the job."""

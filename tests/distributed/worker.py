@@ -8,6 +8,7 @@ Cases:
   and the bucket count, and a profiler trace of one step of the MLP.
 - fail: trains the MLP; rank --rank fails in the middle of step 3 (a label out of range makes
   cross_entropy raise while the other ranks wait in the all-reduce).
+- uneven: rank --rank ends its program normally after 4 steps, the others go on.
 - mismatch: rank 1 builds the MLP with another hidden size; the startup program must fail.
 - fit: nf.Model.fit with a DistributedOptimizer and a ModelCheckpoint, then every rank loads
   the checkpoint rank 0 wrote; writes each rank's parameters, the loaded epoch, and the
@@ -64,14 +65,15 @@ def train(out: str, sizes: list[int], weighted: bool) -> None:
                 file.write(str(built.main))
 
 
-def fail(failing_rank: int) -> None:
+def fail(failing_rank: int, uneven: bool = False) -> None:
     rank = nf.distributed.rank()
     built = models.build("mlp", True)
     exe, scope = nf.Executor(), nf.Scope()
     exe.run(built.startup, scope=scope)
-    for step in range(models.STEPS):
+    steps = 4 if uneven and rank == failing_rank else models.STEPS
+    for step in range(steps):
         feed = models.shard(built.batch(step, 8), [4] * nf.distributed.world_size(), rank)
-        if step == 3 and rank == failing_rank:
+        if step == 3 and rank == failing_rank and not uneven:
             feed["y"] = feed["y"] + 100  # cross_entropy raises: a label outside the classes
         exe.run(built.main, feed=feed, fetch_list=[built.loss], scope=scope)
         print(f"rank {rank} finished step {step}", flush=True)
@@ -137,7 +139,7 @@ def _model_parameters(model: nf.Model) -> dict[str, np.ndarray]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("case", choices=("train", "fail", "mismatch", "fit", "hello"))
+    parser.add_argument("case", choices=("train", "fail", "uneven", "mismatch", "fit", "hello"))
     parser.add_argument("--sizes", default="4,4")
     parser.add_argument("--weighted", action="store_true")
     parser.add_argument("--rank", type=int, default=1)
@@ -146,8 +148,8 @@ def main() -> None:
     nf.distributed.init()
     if args.case == "train":
         train(args.out, [int(s) for s in args.sizes.split(",")], args.weighted)
-    elif args.case == "fail":
-        fail(args.rank)
+    elif args.case in ("fail", "uneven"):
+        fail(args.rank, uneven=args.case == "uneven")
     elif args.case == "mismatch":
         mismatch()
     elif args.case == "fit":
