@@ -5,7 +5,6 @@ thread per rank. Tests that need MPI skip, saying why, when mpi4py or mpiexec is
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -22,7 +21,9 @@ WORKER = Path(__file__).with_name("worker.py")
 
 
 def _mpi_missing() -> str | None:
-    if importlib.util.find_spec("mpi4py") is None:
+    try:
+        import mpi4py  # noqa: F401  (the package only: MPI itself is not initialised)
+    except ImportError:
         return "mpi4py is not installed (pip install 'nestflow[distributed]')"
     try:
         launch.find_mpiexec()

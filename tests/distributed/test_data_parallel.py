@@ -83,28 +83,6 @@ def test_one_mpi_call_per_bucket_and_step(two_ranks, model):
             assert calls["Wait"] == buckets
 
 
-def test_buckets_start_before_backward_finishes_in_the_program():
-    """The first bucket's c_allreduce_start comes right after the op writing its last
-    gradient, before the backward ops of the earlier layers; the waits come after all of
-    backward and before every update op."""
-    built = models.build("mlp", distributed=True)
-    ops = built.main.global_block().ops
-    types = [op.type for op in ops]
-    starts = [i for i, t in enumerate(types) if t == "c_allreduce_start"]
-    waits = [i for i, t in enumerate(types) if t == "c_allreduce_wait"]
-    grads = [i for i, t in enumerate(types) if t.endswith("_grad")]
-    updates = [i for i, t in enumerate(types) if t == "sgd"]
-    assert len(starts) == len(waits) == len(built.optimizer.buckets) >= 2
-    assert starts[0] < grads[-1]  # overlaps the rest of backward
-    assert max(grads) < min(waits) and max(waits) < min(updates)
-    for bucket in built.optimizer.buckets:
-        start = ops.index(bucket.start)
-        written = [
-            i for i, op in enumerate(ops) if set(op.output_names()) & {g.name for g in bucket.grads}
-        ]
-        assert start == 1 + max(i for i in written if i < start)
-
-
 def test_an_all_reduce_is_under_way_before_backward_finishes_at_run_time(two_ranks):
     """The profiler's trace of a training step: the first bucket's all-reduce started (its
     start op ended) before the last backward op began."""

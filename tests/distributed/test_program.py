@@ -15,6 +15,7 @@ import nestflow as nf
 from nestflow.distributed.optimizer import plan_buckets
 from nestflow.errors import AttrError, NestflowError, TypeMismatchError, UninitializedError
 from tests.distributed import models
+from tests.distributed.jobs import needs_mpi
 
 
 @pytest.mark.parametrize("model", models.MODELS)
@@ -54,6 +55,28 @@ def test_the_program_prints_round_trips_prunes_and_profiles(capsys):
     assert "c_allreduce_wait" in capsys.readouterr().out
     small = nf.prune(built.main, targets=[built.loss])
     assert not any(op.type.startswith("c_") for op in small.global_block().ops)
+
+
+def test_buckets_start_before_backward_finishes_in_the_program():
+    """The first bucket's c_allreduce_start comes right after the op writing its last
+    gradient, before the backward ops of the earlier layers; the waits come after all of
+    backward and before every update op."""
+    built = models.build("mlp", distributed=True)
+    ops = built.main.global_block().ops
+    types = [op.type for op in ops]
+    starts = [i for i, t in enumerate(types) if t == "c_allreduce_start"]
+    waits = [i for i, t in enumerate(types) if t == "c_allreduce_wait"]
+    grads = [i for i, t in enumerate(types) if t.endswith("_grad")]
+    updates = [i for i, t in enumerate(types) if t == "sgd"]
+    assert len(starts) == len(waits) == len(built.optimizer.buckets) >= 2
+    assert starts[0] < grads[-1]  # overlaps the rest of backward
+    assert max(grads) < min(waits) and max(waits) < min(updates)
+    for bucket in built.optimizer.buckets:
+        start = ops.index(bucket.start)
+        written = [
+            i for i, op in enumerate(ops) if set(op.output_names()) & {g.name for g in bucket.grads}
+        ]
+        assert start == 1 + max(i for i in written if i < start)
 
 
 def test_buckets_follow_backward_order_respect_the_size_and_hold_one_dtype():
@@ -170,6 +193,7 @@ def test_a_rank_started_by_mpiexec_must_call_init_first(monkeypatch):
         nf.Executor().run(alone, feed={"x": np.ones(2, "float32")}, fetch_list=["summed"])
 
 
+@needs_mpi
 def test_outside_mpiexec_init_makes_a_world_of_one_and_the_module_imports_no_mpi():
     code = (
         "import sys, nestflow as nf\n"
