@@ -10,7 +10,7 @@ BENCH_DEPS := $(VENV)/.bench
 PROTO_DEPS := $(VENV)/.proto
 DOCS_DEPS := $(VENV)/.docs
 
-.PHONY: test demo bench proto docs lint clean
+.PHONY: test demo bench proto docs lint clean onnx-node-tests
 
 $(BASE):
 	$(PY) -m venv $(VENV)
@@ -26,7 +26,7 @@ $(TEST_DEPS): pyproject.toml $(BASE)
 	touch $(TEST_DEPS)
 
 $(BENCH_DEPS): pyproject.toml $(BASE)
-	$(BIN)/pip install -q -e '.[examples,bench]'
+	$(BIN)/pip install -q -e '.[examples,bench,onnx]'
 	touch $(BENCH_DEPS)
 
 $(PROTO_DEPS): pyproject.toml $(BASE)
@@ -46,6 +46,10 @@ demo: $(DEMO_DEPS)
 
 bench: $(BENCH_DEPS)
 	$(BIN)/python bench/run_all.py
+
+# ONNX's node test cases through onnx.backend.test.BackendTest; prints run/passed/excluded.
+onnx-node-tests: $(TEST_DEPS)
+	$(BIN)/python -m pytest -q -s tests/onnx/test_backend_node.py
 
 # framework.proto is the source; framework_pb2.py is generated and committed.
 proto: $(PROTO_DEPS)

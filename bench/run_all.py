@@ -31,6 +31,7 @@ WORKLOADS = {
     "w8": ("w8_lenet", "W8 LeNet-5 train step, [64, 1, 28, 28], SGD, 1 thread"),
     "w9": ("w9_conv", "W9 conv2d fwd+bwd, 64->64 on [32, 64, 28, 28], 1 thread"),
     "w10": ("w10_lstm", "W10 LSTM T=32, batch 32, 64->128, 1 layer, train step, 1 thread"),
+    "w11": ("w11_resnet50_onnx", "W11 ResNet-50 (light) from ONNX, forward, 1 thread"),
     "w12": ("w12_distributed", "W12 data-parallel MPI, 1 BLAS thread per rank"),
     "import": ("import_time", "import time"),
 }

@@ -337,23 +337,6 @@ def test_backend_prepare_run_model_run_node_and_devices():
     assert not backend.is_compatible(unsupported)
 
 
-def test_onnx_backend_test_runs_nestflow():
-    """onnx.backend.test.BackendTest drives the backend (a few node cases)."""
-    import unittest
-
-    import onnx.backend.test
-
-    suite = onnx.backend.test.BackendTest(backend, __name__)
-    suite.include(r"^test_(relu|conv_with_strides_padding|gather_0|if)_cpu$")
-    cases = suite.test_cases
-    result = unittest.TestResult()
-    loader = unittest.TestLoader()
-    for case in cases.values():
-        loader.loadTestsFromTestCase(case).run(result)
-    ran = result.testsRun - len(result.skipped)
-    assert ran == 4 and result.wasSuccessful(), result.failures + result.errors
-
-
 # ---- bad input ----
 
 
@@ -487,3 +470,19 @@ def test_build_time_shape_errors_name_the_node():
     )
     with pytest.raises(ShapeError, match="bad_product.*inner dims differ"):
         nf.onnx.load(proto, nf.Scope())
+
+
+@pytest.mark.parametrize("spatial", [[5, 7], ["H", "W"]])
+@pytest.mark.parametrize("strides", [[1, 1], [2, 3]])
+def test_a_1x1_convolution_imports_as_one_matrix_product(spatial, strides):
+    w = R.standard_normal((4, 3, 1, 1)).astype("float32")
+    b = R.standard_normal(4).astype("float32")
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=strides)
+    proto = model(
+        [conv], [tensor("x", ["N", 3, *spatial])], [tensor("y", None)], [init("w", w), init("b", b)]
+    )
+    program = check_against_reference(
+        proto, {"x": R.standard_normal((2, 3, 5, 7)).astype("float32")}
+    )
+    ops = {op.type for op in program.global_block().ops}
+    assert "matmul" in ops and "conv2d" not in ops

@@ -86,10 +86,43 @@ def conv(node: Node) -> None:
     attrs = {**geometry, "groups": node.attr("group", 1)}
     x, w = _to_4d(node, node.input(0), dims), _to_4d(node, node.input(1), dims)
     has_bias = node.has_input(2)
-    y = node.op("conv2d", {"Input": x, "Filter": w}, attrs, outputs=("Output",))
+    if _pointwise(attrs, kernel, w_shape):
+        y = _pointwise_product(node, x, w, attrs["strides"], w_shape[0])
+    else:
+        y = node.op("conv2d", {"Input": x, "Filter": w}, attrs, outputs=("Output",))
     if has_bias:  # B [M] lines up with the channels (dim 1)
         y = node.op("elementwise_add", {"X": y, "Y": node.input(2)}, {"axis": 1})
     _from_4d(node, y, dims)
+
+
+def _pointwise(attrs: dict, kernel, w_shape) -> bool:
+    """A 1x1 convolution without padding or groups, and its filter's size known."""
+    return (
+        list(kernel) in ([1], [1, 1])
+        and attrs["groups"] == 1
+        and not any(attrs["paddings"])
+        and -1 not in w_shape[:2]
+    )
+
+
+def _pointwise_product(node: Node, x: str, w: str, strides, channels: int) -> str:
+    """A 1x1 convolution as one matrix product over every image's pixels: the filter [M, C]
+    times x [N, C, H * W] (NumPy's broadcast matmul: [N, M, H * W], no rearranging copies;
+    a strided 1x1 convolution reads every stride-th pixel first)."""
+    if list(strides) != [1, 1]:
+        rows = {"axes": [2, 3], "starts": [0, 0], "ends": [2**31, 2**31], "strides": strides}
+        x = node.op("strided_slice", {"Input": x}, rows)
+    shape = node.graph.info(x).shape
+    matrix = node.op("reshape", {"X": w}, {"shape": [channels, -1]})
+    pixels = node.op("reshape", {"X": x}, {"shape": [0, 0, -1]})
+    product = node.op("matmul", {"X": matrix, "Y": pixels})
+    if -1 not in shape[2:]:  # [N, M, H * W] -> [N, M, H, W]
+        return node.op("reshape", {"X": product}, {"shape": [0, 0, *shape[2:]]})
+    full = node.op("cast", {"X": node.op("shape", {"Input": x})}, {"out_dtype": "int64"})
+    pixel_dims = node.op("slice", {"Input": full}, {"axes": [0], "starts": [2], "ends": [4]})
+    lead = node.constant(np.asarray([0, 0], np.int64))
+    target = node.op("concat", {"X": [lead, pixel_dims]}, {"axis": 0})
+    return node.op("onnx_reshape", {"X": product, "Shape": target})
 
 
 # ---- pooling ----
