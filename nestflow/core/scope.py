@@ -98,8 +98,8 @@ class Scope:
         With no name, a fresh uniquely named variable is created.
         """
         self._check_alive()
-        if name is not None and not isinstance(name, str):
-            raise TypeMismatchError(f"a variable name is a str, got {type(name).__name__}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeMismatchError(f"a variable name is a str, and not empty; got {name!r}")
         with self._lock:
             if self._held is not None:
                 self._materialize()
@@ -154,10 +154,20 @@ class Scope:
         return self.find_var(name) is not None
 
     def erase_vars(self, names) -> None:
-        """Destroy the named local variables (seed 001's DeleteVariable); absent names are ignored."""
+        """Destroy the named local variables (seed 001's DeleteVariable); absent names are
+        ignored. `names`: one name or an iterable of names (TypeMismatchError otherwise)."""
         self._check_alive()
         if isinstance(names, str):  # one name, not its characters
             names = [names]
+        try:
+            names = list(names)
+        except TypeError:
+            raise TypeMismatchError(
+                f"erase_vars takes a name or a list of names, got {type(names).__name__}"
+            ) from None
+        odd = [n for n in names if not isinstance(n, str)]
+        if odd:
+            raise TypeMismatchError(f"erase_vars: variable names are strs, got {odd!r}")
         with self._lock:
             if self._held is not None:
                 self._materialize()
@@ -169,6 +179,10 @@ class Scope:
     def rename(self, old: str, new: str) -> None:
         """Rename a local variable; the Variable object (and what it holds) is kept."""
         self._check_alive()
+        if not isinstance(new, str) or not new:
+            raise TypeMismatchError(
+                f"cannot rename '{old}': a new name is a non-empty str, got {new!r}"
+            )
         with self._lock:
             if self._held is not None:
                 self._materialize()

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import numpy as np
 
 from nestflow.core.dtype import dtype_name
 from nestflow.core.place import CPUPlace, Place
-from nestflow.errors import ShapeError, UninitializedError
+from nestflow.errors import DTypeError, ShapeError, UninitializedError
+
+
+def numeric_dtype(dtype, what: str) -> np.dtype:
+    """`dtype` (any spelling; "float" is float32 as in a VarDesc) as a NumPy dtype a tensor may
+    have: bool, integer, float or complex. DTypeError naming `what` for others (structured,
+    object, strings), which no kernel takes."""
+    name = dtype_name(dtype)
+    try:
+        resolved = np.dtype(name)
+    except TypeError:  # a structured dtype's name ("void128") is no dtype spelling
+        resolved = None
+    if resolved is None or resolved.kind not in "biufc":
+        raise DTypeError(f"{what}: dtype {dtype!r} ({name}) is not a numeric tensor dtype")
+    return resolved
+
 
 # Places are immutable, so every Tensor made without one shares this one.
 _HOST = CPUPlace()
@@ -58,13 +74,30 @@ class Tensor:
         return None if self._array is None else self._array.dtype
 
     def mutable_data(self, shape: Sequence[int], dtype="float32"):
-        """The writable buffer of this shape and dtype, allocating it only if it changed."""
-        shape = tuple(int(d) for d in shape)
-        # nestflow's spelling, so "float" means float32 here as it does in a VarDesc.
-        dtype = np.dtype(dtype_name(dtype))
+        """The writable buffer of this shape and dtype, allocating it only if it changed.
+
+        ShapeError for a shape that is not a sequence of ints >= 0 or too big to allocate,
+        DTypeError for a dtype that is not numeric (bool, int, float, complex)."""
+        try:
+            shape = tuple(operator.index(d) for d in shape)
+        except TypeError:
+            raise ShapeError(
+                f"Tensor.mutable_data: shape {shape!r} must be a sequence of ints"
+            ) from None
+        if any(d < 0 for d in shape):
+            raise ShapeError(f"Tensor.mutable_data: shape {list(shape)} has a negative dim")
+        dtype = numeric_dtype(dtype, "Tensor.mutable_data")
         arr = self._array
         if arr is None or arr.shape != shape or arr.dtype != dtype:
-            arr = self._array = self.place.array_module.empty(shape, dtype=dtype)
+            try:
+                arr = self.place.array_module.empty(shape, dtype=dtype)
+            except (MemoryError, ValueError) as err:  # ValueError: more bytes than can exist
+                size = float(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+                raise ShapeError(
+                    f"Tensor.mutable_data: cannot allocate shape {list(shape)} {dtype} "
+                    f"({size / 2**30:.4g} GiB): {err}"
+                ) from None
+            self._array = arr
         return arr
 
     def data(self):
@@ -77,9 +110,11 @@ class Tensor:
         """Hold a copy of `array` (any array-like)."""
         place = place if place is not None else self.place
         try:
-            self._array = place.array_module.array(array, copy=True)
+            copy = place.array_module.array(array, copy=True)
         except (ValueError, TypeError) as err:
             raise ShapeError(f"Tensor.set needs a rectangular array-like: {err}") from None
+        numeric_dtype(copy.dtype, "Tensor.set")
+        self._array = copy
         self.place = place
 
     def numpy(self) -> np.ndarray:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from nestflow.errors import NestflowError
+from nestflow.errors import NestflowError, TypeMismatchError
 from nestflow.framework.nesting import nesting_depth, stack_room
 from nestflow.framework.program import (
     GRAD_SUFFIX,
@@ -173,10 +173,11 @@ class _GradBuilder:
 
     def _new_partial(self, var: str) -> str:
         base = self._base(var)
+        program = self.gblk.program
         while True:
             name = f"{base}@RENAME@{self.counter}"
             self.counter += 1
-            if self.gblk.find_var(name) is None:
+            if not program.name_in_use(name):  # (not merely unseen from gblk: no walk up)
                 break
         self.var_of[name] = var
         self.made.add(name)
@@ -242,6 +243,20 @@ def _declare_grad(block: Block, var: VarDesc | None, grad: str) -> VarDesc:
 
 def _names(items: Iterable[Any] | None) -> set[str]:
     return {v.name if isinstance(v, VarDesc) else str(v) for v in (items or ())}
+
+
+def _variables(items: VarDesc | Sequence[VarDesc], what: str) -> list[VarDesc]:
+    """gradients' `targets` or `inputs` as a non-empty list of variables (TypeMismatchError
+    naming `what` otherwise)."""
+    items = [items] if isinstance(items, VarDesc) else items
+    if not isinstance(items, (list, tuple)) or not items:
+        raise TypeMismatchError(
+            f"gradients: {what} must be a variable or a non-empty list of them, got {items!r}"
+        )
+    odd = [v for v in items if not isinstance(v, VarDesc)]
+    if odd:
+        raise TypeMismatchError(f"gradients: {what} must be variables, got {odd!r}")
+    return list(items)
 
 
 def _as_var(block: Block, item: VarDesc | str) -> VarDesc:
@@ -355,8 +370,7 @@ def gradients(
     >>> nf.Executor().run(feed={"x": np.array([[1.0, 2.0, 3.0]])}, fetch_list=[dx])
     [array([[2., 4., 6.]])]
     """
-    targets = [targets] if isinstance(targets, VarDesc) else list(targets)
-    inputs = [inputs] if isinstance(inputs, VarDesc) else list(inputs)
+    targets, inputs = _variables(targets, "targets"), _variables(inputs, "inputs")
     block = targets[0].block
     given = list(target_gradients or [None] * len(targets))
     if len(given) != len(targets):

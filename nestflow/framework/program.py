@@ -14,13 +14,12 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from google.protobuf.message import DecodeError
 
 from nestflow.core.dtype import dtype_name
+from nestflow.core.tensor import numeric_dtype
 from nestflow.errors import (
     AttrError,
-    DTypeError,
     NestflowError,
     OpLocation,
     ProgramDecodeError,
@@ -122,7 +121,7 @@ class VarDesc:
         self.block = block
         self.name = name
         self.shape = _checked_shape(shape, f"variable '{name}'")
-        self.dtype = _tensor_dtype(dtype, f"variable '{name}'")
+        self.dtype = numeric_dtype(dtype, f"variable '{name}'").name
         self.type = type
         self.persistable = persistable
         self.stop_gradient = stop_gradient
@@ -180,15 +179,6 @@ def _checked_shape(shape: Any, what: str) -> tuple[int, ...]:
     if any(d < -1 for d in dims):
         raise ShapeError(f"{what}: shape {list(dims)} has a negative dim other than -1")
     return dims
-
-
-def _tensor_dtype(dtype: Any, what: str) -> str:
-    """The canonical name of a dtype a tensor may have (bool, integers, floats, complex);
-    DTypeError for others (structured 'i8,i8', object, strings, dates), which no kernel takes."""
-    name = dtype_name(dtype)
-    if np.dtype(name).kind not in "biufc":
-        raise DTypeError(f"{what}: dtype {dtype!r} ({name}) is not a numeric tensor dtype")
-    return name
 
 
 class _Attrs(dict):
@@ -631,6 +621,12 @@ class Block:
         return [v for v in self.vars.values() if v.is_parameter]
 
     def _make_op(self, type, inputs, outputs, attrs, source) -> OpDesc:
+        for what, value in (("inputs", inputs), ("outputs", outputs), ("attrs", attrs)):
+            if value is not None and not isinstance(value, Mapping):
+                raise TypeMismatchError(
+                    f"op '{type}': {what} must be a mapping (slot or attribute name -> value), "
+                    f"got {value.__class__.__name__}"
+                )
         return OpDesc(
             self,
             type,
@@ -663,10 +659,21 @@ class Block:
             if _op_validator is not None:
                 _op_validator(op)
         except NestflowError as exc:
+            location = op.location()
             self.ops.remove(op)
             if exc.location is not None:
                 raise
-            raise exc.__class__(exc.message, location=op.location()) from None
+            raise exc.__class__(exc.message, location=location) from None
+        except _INFER_FAILURES as exc:
+            # The op's shape inference met inputs or attributes it cannot work with (a list
+            # attr holding strings, say): an AttrError naming the op and what it was given.
+            location = op.location()
+            self.ops.remove(op)
+            raise AttrError(
+                f"checking it failed with {exc.__class__.__name__}: {exc}; its attributes are "
+                f"{_short_repr(dict(op.attrs), 300)}",
+                location=location,
+            ) from exc
         except BaseException:
             self.ops.remove(op)
             raise
@@ -716,13 +723,17 @@ def _names(slots: Mapping[str, Any] | None) -> dict[str, list[str]]:
     return out
 
 
+# What an op's checks raise when given values they were not written for.
+_INFER_FAILURES = (TypeError, ValueError, IndexError, KeyError, AttributeError, ArithmeticError)
+
+
 def _where(op: OpDesc) -> str:
     return f"op '{op.type}' (#{op.index} in block {op.block.idx})"
 
 
-def _short_repr(value: Any) -> str:
+def _short_repr(value: Any, limit: int = 60) -> str:
     text = repr(value).replace("\n", " ")
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Program:
@@ -752,6 +763,11 @@ class Program:
         # A new declaration may shadow what find_var remembered for this name.
         self._declared[name] = self._declared.get(name, 0) + 1
 
+    def name_in_use(self, name: str) -> bool:
+        """Whether a block of the program declares a variable `name`, or did once (a quick,
+        conservative test for picking a fresh name: no walk over the blocks)."""
+        return name in self._declared or name in self.blocks[0].vars
+
     @property
     def random_seed(self) -> int:
         """The seed of the program's random ops (0: the global stream, `nf.seed`); an int in
@@ -780,8 +796,9 @@ class Program:
         return self.blocks[0]
 
     def block(self, idx: int) -> Block:
-        if not 0 <= idx < len(self.blocks):
-            raise NestflowError(f"program has no block {idx} (it has {len(self.blocks)})")
+        """Block `idx`; NestflowError if the program has none of that index."""
+        if not isinstance(idx, numbers.Integral) or not 0 <= idx < len(self.blocks):
+            raise NestflowError(f"program has no block {idx!r} (it has {len(self.blocks)})")
         return self.blocks[idx]
 
     def current_block(self) -> Block:
@@ -870,6 +887,7 @@ class Program:
             for vdesc in bdesc.vars:
                 if not vdesc.name and vdesc.type == pb.LOD_TENSOR:
                     continue  # declared by earlier versions for a gradient nobody takes
+                program._declared_again(vdesc.name)
                 try:
                     block.vars[vdesc.name] = VarDesc(
                         block,
@@ -919,6 +937,14 @@ class Program:
                     check_sub_block_refs(op, tree=tree)
                 except AttrError as exc:
                     raise ProgramDecodeError(f"{_where(op)}: {exc.message}") from None
+        from nestflow.framework import nesting  # (nesting imports this module)
+
+        depth = nesting.nesting_depth(program)
+        if depth > nesting.MAX_NESTING:
+            raise ProgramDecodeError(
+                f"the program nests sub-blocks {depth} deep; nestflow runs at most "
+                f"{nesting.MAX_NESTING} (nestflow.framework.nesting.MAX_NESTING)"
+            )
         if _op_validator is not None:
             for block in program.blocks:
                 for op in block.ops:
@@ -930,7 +956,8 @@ class Program:
                         raise ProgramDecodeError(str(exc)) from None
                     except Exception as exc:  # an op's checks met values no builder makes
                         raise ProgramDecodeError(
-                            f"{_where(op)}: {type(exc).__name__}: {exc}"
+                            f"{_where(op)}: checking it failed with {type(exc).__name__}: {exc}; "
+                            f"its attributes are {_short_repr(dict(op.attrs), 300)}"
                         ) from None
         return program
 

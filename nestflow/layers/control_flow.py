@@ -33,7 +33,7 @@ from nestflow.core.dtype import dtype_name
 from nestflow.errors import ControlFlowError
 from nestflow.framework import unique_name
 from nestflow.framework.program import Block, VarDesc, default_main_program
-from nestflow.layers.helper import append_op, current_block, require_current_block
+from nestflow.layers.helper import append_op, as_int, current_block, require_current_block
 
 # The ops the constructs of this module appended: each lists among its inputs every name its
 # sub-blocks read from outside them (and keeps doing so through _rename_reads), so a walk over
@@ -499,10 +499,12 @@ class While:
                 f"While '{self._name}': the condition '{cond.name}' has shape "
                 f"{list(cond.shape)}; it must hold one bool (shape [1])"
             )
-        if max_steps is not None and max_steps < 0:
-            raise ControlFlowError(f"While '{self._name}': max_steps must be >= 0")
+        if max_steps is not None:
+            max_steps = as_int(max_steps, f"While '{self._name}': max_steps")
+            if max_steps < 0:
+                raise ControlFlowError(f"While '{self._name}': max_steps must be >= 0")
         self._cond = cond
-        self._max_steps = -1 if max_steps is None else int(max_steps)
+        self._max_steps = -1 if max_steps is None else max_steps
         self._built = False
 
     @contextlib.contextmanager

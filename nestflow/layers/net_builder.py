@@ -6,13 +6,14 @@ runs the net.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nestflow import layers
 from nestflow.core.scope import Scope
 from nestflow.core.tensor import Tensor
-from nestflow.errors import NestflowError
+from nestflow.errors import AttrError, NestflowError
 from nestflow.executor.executor import checked_feed
 from nestflow.executor.net import Net
 from nestflow.framework.program import VarDesc
@@ -76,6 +77,7 @@ class NetBuilder:
             kwargs["act"] = kwargs.pop("activation")
         args = tuple(self._resolve(a) for a in args)
         kwargs = {k: v if k in ("act", "name") else self._resolve(v) for k, v in kwargs.items()}
+        self._check_variables(type, layer, args, kwargs)
         with self.net.building():
             out = layer(*args, **kwargs)
         self.last_forward_op = len(self.net)
@@ -111,6 +113,26 @@ class NetBuilder:
                 self.net.add_optimizer_ops(self.optimization)
             self.need_rebuild = False
         self.net.run(scope, context)
+
+    @staticmethod
+    def _check_variables(type: str, layer: Any, args: tuple, kwargs: dict) -> None:
+        """AttrError for arguments the layer does not take; NestflowError for a name left
+        where the layer takes a variable (one the net does not declare)."""
+        try:
+            signature = inspect.signature(layer)
+        except (TypeError, ValueError):  # a callable Python cannot describe: nothing to check
+            return
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise AttrError(f"NetBuilder.add_op('{type}'): {exc}") from None
+        for name, value in bound.arguments.items():
+            annotation = str(signature.parameters[name].annotation)
+            if isinstance(value, str) and "VarDesc" in annotation and "str" not in annotation:
+                raise NestflowError(
+                    f"NetBuilder.add_op('{type}'): {name}={value!r} is not a variable of the "
+                    f"net; declare it first (builder.data({value!r}, shape)) or pass a variable"
+                )
 
     def _resolve(self, value: Any) -> Any:
         if isinstance(value, str) and self.net.block.find_var(value) is not None:

@@ -115,6 +115,8 @@ def fc(
     (4, 2)
     """
     size = as_int(size, "fc: size")
+    if size < 1:
+        raise AttrError(f"fc: size must be a positive number of output features, got {size}")
     require_float_input(input, "fc")
     prefix = name or unique_name.generate("fc")
     in_features = 1

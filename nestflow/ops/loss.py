@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nestflow.errors import AttrError, DTypeError, ExecutionError
+from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
 from nestflow.ops.registry import Required, VarInfo, fail, register_op
 
 
@@ -58,6 +58,12 @@ def _class_ids(label: np.ndarray, x: np.ndarray, axis: int, ignore_index: int):
     outside [0, C)."""
     if label.ndim < x.ndim:
         label = np.expand_dims(label, axis)
+    if label.shape != x.shape[:axis] + (1,) + x.shape[axis + 1 :]:
+        # Known dims are checked when the op is appended; -1 ones (a batch) only here.
+        raise ShapeError(
+            f"Label {list(label.shape)} does not fit the scores {list(x.shape)}: one class id "
+            f"per row (the class dim {axis} of size 1, or dropped)"
+        )
     classes = x.shape[axis]
     if label.size:
         low, high = label.min(), label.max()

@@ -421,7 +421,7 @@ def _check_slots(op: OpDesc, op_def: OpDef) -> None:
                 raise AttrError(f"unknown {kind} slot '{name}'; '{op.type}' has {sorted(known)}")
         for slot in slots:
             names = given.get(slot.name, [])
-            if not slot.optional and not names:
+            if not slot.optional and not any(names):  # "" names no variable
                 raise AttrError(f"{kind} slot '{slot.name}' needs a variable")
             if not slot.duplicable and len(names) > 1:
                 raise AttrError(f"{kind} slot '{slot.name}' takes one variable, got {names}")

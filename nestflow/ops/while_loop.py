@@ -55,6 +55,11 @@ def _check_while(op: OpDesc) -> None:
             f"while: 'carried' names {len(carried)} variables ({carried}) but "
             f"'carried_inner' {len(inner)} ({inner}); each carried variable needs one"
         )
+    if len(op.output("Out")) != len(carried):
+        raise AttrError(
+            f"while: Out names {len(op.output('Out'))} variables ({op.output('Out')}) but "
+            f"'carried' {len(carried)} ({carried}); each carried variable is one output"
+        )
     cond = op.input("Condition")[0]
     if cond not in carried and attrs["max_steps"] < 0:
         raise ControlFlowError(
@@ -117,6 +122,13 @@ class while_:
         given = dict(zip(ctx.op.input("X"), ctx.inputs("X")))
         current = {name: given[name] if name in given else ctx.lookup(name) for name in carried}
         cond = ctx.input("Condition")
+        if cond_name not in carried and _truth(cond, cond_name):
+            # The body never writes the condition: the loop can only end at max_steps, with
+            # the error below. Say so now rather than after max_steps idle iterations.
+            raise MaxStepsExceededError(
+                f"while: the condition '{cond_name}' holds and the body never writes it, so "
+                f"the loop would only stop at max_steps={max_steps} iterations (with this error)"
+            )
         scopes = []
         steps = 0
         run_block, remembered = ctx.executor.run_sub_block, {}
