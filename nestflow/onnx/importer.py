@@ -232,6 +232,23 @@ def _value_names(graph, names: set[str]) -> set[str]:
     return names
 
 
+def _readers(graph, readers: dict[str, list]) -> dict[str, list]:
+    """value name -> the nodes (of `graph` and its subgraphs) reading it; a graph output
+    counts as a reader (None)."""
+    import onnx
+
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+        for attr in node.attribute:
+            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subgraphs:
+                _readers(sub, readers)
+    for value in graph.output:
+        readers.setdefault(value.name, []).append(None)
+    return readers
+
+
 class GraphImporter:
     """Builds the Program of one ONNX model: its name tables, constants and parameters.
 
@@ -251,6 +268,10 @@ class GraphImporter:
         self.params: dict[str, np.ndarray] = {}
         self.materialized: dict[str, np.ndarray] = {}
         self.taken = _value_names(proto.graph, set())
+        self.readers = _readers(proto.graph, {})
+        # the output name of a node another node's mapper already computed (a Conv absorbing
+        # the BatchNormalization after it) -> the variable holding it
+        self.absorbed: dict[str, str] = {}
 
     @property
     def block(self) -> Block:
@@ -427,6 +448,9 @@ class GraphImporter:
 
         for index, proto in enumerate(nodes):
             where = f"ONNX node '{proto.name}'" if proto.name else f"ONNX node #{index}"
+            if proto.output and proto.output[0] in self.absorbed:
+                self.bind(proto.output[0], self.absorbed.pop(proto.output[0]))
+                continue
             if proto.domain not in ("", "ai.onnx"):
                 raise UnknownOpError(
                     f"{where}: op '{proto.domain}.{proto.op_type}' is outside the default "

@@ -19,7 +19,14 @@ import numpy as np
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops.indexing import check_index_range
-from nestflow.ops.registry import Required, VarInfo, fail, get_op_def, register_op
+from nestflow.ops.registry import (
+    Required,
+    VarInfo,
+    broadcast_shapes,
+    fail,
+    get_op_def,
+    register_op,
+)
 
 
 def _values(tensor: np.ndarray | None) -> list[int]:
@@ -509,7 +516,326 @@ def _empty_extreme(X: np.ndarray, axes, kind: str, keepdims: bool) -> np.ndarray
     return np.full(shape, fill, X.dtype)
 
 
+# ---- elementwise math NumPy has and Fluid 1.x does not ----
+
+
+def _float_infer(name: str):
+    def infer(X):
+        if not is_floating(X.dtype):
+            raise DTypeError(f"{name} needs a floating-point X, got {X.dtype}")
+        return X
+
+    return infer
+
+
+def _unary(name: str, fn, slope=None, doc: str = "") -> type:
+    """Register onnx_<name>: Out = fn(X) (float X); `slope(X, Out)` is dOut/dX, None for an
+    op whose gradient is zero almost everywhere (floor, ceil, round)."""
+
+    def forward(X):
+        return np.asarray(fn(X)).astype(X.dtype, copy=False)
+
+    def backward(X, Out, Out_grad):
+        if slope is None:
+            return (np.zeros_like(Out_grad),)
+        return (np.asarray(Out_grad * slope(X, Out)).astype(X.dtype, copy=False),)
+
+    body = {
+        "__doc__": doc,
+        "inputs": ("X",),
+        "outputs": ("Out",),
+        "infer": _float_infer(f"onnx_{name}"),
+        "forward": forward,
+        "backward": backward,
+    }
+    return register_op(type(f"onnx_{name}", (), body))
+
+
+_UNARY = [
+    ("floor", np.floor, None, "Out = the largest integer <= X (zero gradient)."),
+    ("ceil", np.ceil, None, "Out = the smallest integer >= X (zero gradient)."),
+    ("round", np.round, None, "Out = X rounded to the nearest integer, halves to even."),
+    ("sin", np.sin, lambda x, y: np.cos(x), "Out = sin(X)."),
+    ("cos", np.cos, lambda x, y: -np.sin(x), "Out = cos(X)."),
+    ("tan", np.tan, lambda x, y: 1 + y * y, "Out = tan(X)."),
+    ("asin", np.arcsin, lambda x, y: 1 / np.sqrt(1 - x * x), "Out = arcsin(X)."),
+    ("acos", np.arccos, lambda x, y: -1 / np.sqrt(1 - x * x), "Out = arccos(X)."),
+    ("atan", np.arctan, lambda x, y: 1 / (1 + x * x), "Out = arctan(X)."),
+    ("sinh", np.sinh, lambda x, y: np.cosh(x), "Out = sinh(X)."),
+    ("cosh", np.cosh, lambda x, y: np.sinh(x), "Out = cosh(X)."),
+    ("asinh", np.arcsinh, lambda x, y: 1 / np.sqrt(x * x + 1), "Out = arcsinh(X)."),
+    ("acosh", np.arccosh, lambda x, y: 1 / np.sqrt(x * x - 1), "Out = arccosh(X)."),
+    ("atanh", np.arctanh, lambda x, y: 1 / (1 - x * x), "Out = arctanh(X)."),
+]
+for _name, _fn, _slope, _doc in _UNARY:
+    _unary(_name, _fn, _slope, _doc)
+
+
+@register_op
+class onnx_isnan:
+    """Out = whether each element of X is NaN (bool)."""
+
+    inputs, outputs = ("X",), ("Out",)
+
+    def infer(X):
+        return VarInfo(_float_infer("onnx_isnan")(X).shape, "bool")
+
+    def forward(X):
+        return np.isnan(X)
+
+
+@register_op
+class onnx_isinf:
+    """Out = whether each element of X is +inf (`detect_positive`) or -inf
+    (`detect_negative`) (bool)."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {"detect_positive": True, "detect_negative": True}
+
+    def infer(X, detect_positive, detect_negative):
+        return VarInfo(_float_infer("onnx_isinf")(X).shape, "bool")
+
+    def forward(X, detect_positive, detect_negative):
+        return np.isinf(X) & (((X > 0) & detect_positive) | ((X < 0) & detect_negative))
+
+
+@register_op
+class onnx_mod:
+    """Out = X mod Y, broadcast: with `fmod` the remainder has X's sign (C's fmod), without it
+    Y's (Python's %)."""
+
+    inputs, outputs = ("X", "Y"), ("Out",)
+    attrs = {"fmod": False}
+
+    def infer(X, Y, fmod):
+        if X.dtype != Y.dtype:
+            raise DTypeError(f"X is {X.dtype} but Y is {Y.dtype}; cast one of them")
+        return VarInfo(broadcast_shapes(X.shape, Y.shape), X.dtype)
+
+    def forward(X, Y, fmod):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(np.fmod(X, Y) if fmod else np.mod(X, Y))
+
+
+# ---- triangles, cumulative sums, element-wise gathers and scatters ----
+
+
+@register_op
+class onnx_trilu:
+    """Out = X with the elements below (`upper`) or above the K-th diagonal of its last two
+    dims zeroed (K: a 1-element int64 tensor, default 0)."""
+
+    inputs, outputs = ("X", "K?"), ("Out",)
+    attrs = {"upper": True}
+    no_grad_inputs = ("K",)
+
+    def infer(X, K, upper):
+        _require_ints(K, "K")
+        if X.ndim < 2:
+            fail(f"X {list(X.shape)} needs two dims")
+        return X
+
+    def forward(X, K, upper):
+        return _triangle(X, K, upper)
+
+    def backward(X, K, Out, Out_grad, upper):
+        return (_triangle(Out_grad, K, upper),)
+
+
+def _triangle(X: np.ndarray, K, upper: bool) -> np.ndarray:
+    k = _values(K)[0] if K is not None else 0
+    return np.triu(X, k) if upper else np.tril(X, k)
+
+
+@register_op
+class onnx_cumsum:
+    """Out = running sums of X along the axis held by Axis (a 1-element int tensor), as
+    nestflow's cumsum with `exclusive` and `reverse`."""
+
+    inputs, outputs = ("X", "Axis"), ("Out",)
+    attrs = {"exclusive": False, "reverse": False}
+    no_grad_inputs = ("Axis",)
+
+    def infer(X, Axis, exclusive, reverse):
+        _require_ints(Axis, "Axis")
+        if X.dtype == "bool":
+            raise DTypeError("X is bool; cast it to a number type first")
+        return X
+
+    def forward(X, Axis, exclusive, reverse):
+        attrs = _cumsum_attrs(X, Axis, exclusive, reverse)
+        return get_op_def("cumsum").forward(X, **attrs)
+
+    def backward(X, Axis, Out, Out_grad, exclusive, reverse):
+        attrs = _cumsum_attrs(X, Axis, exclusive, reverse)
+        return get_op_def("cumsum").backward(X, Out, Out_grad, **attrs)
+
+
+def _cumsum_attrs(X, Axis, exclusive: bool, reverse: bool) -> dict:
+    (axis,) = _axes(_values(Axis)[:1], X.ndim, "onnx_cumsum")
+    return {"axis": axis, "flatten": False, "exclusive": exclusive, "reverse": reverse}
+
+
+def _element_index(X: np.ndarray, Index: np.ndarray, axis: int, what: str) -> tuple:
+    """The full index (a tuple of arrays shaped like Index) of ONNX GatherElements /
+    ScatterElements: Index's values (negative from the end) along `axis`, positions elsewhere."""
+    ax = axis % X.ndim
+    dim = X.shape[ax]
+    index = np.where(Index < 0, Index + dim, Index)
+    check_index_range(index, dim, f"{what} along axis {ax} of X {list(X.shape)}")
+    grid = list(np.indices(Index.shape, sparse=True))
+    grid[ax] = index
+    return tuple(grid)
+
+
+@register_op
+class onnx_gather_elements:
+    """Out[i][j][k] = X[Index[i][j][k]][j][k] for axis 0 (and so on): Out has Index's shape
+    (ONNX GatherElements; negative indices count from the end)."""
+
+    inputs, outputs = ("X", "Index"), ("Out",)
+    attrs = {"axis": 0}
+    no_grad_inputs = ("Index",)
+
+    def infer(X, Index, axis):
+        _require_ints(Index, "Index")
+        if Index.ndim != X.ndim or not -X.ndim <= axis < X.ndim:
+            fail(f"Index {list(Index.shape)} and axis {axis} do not fit X {list(X.shape)}")
+        return VarInfo(Index.shape, X.dtype)
+
+    def forward(X, Index, axis):
+        return X[_element_index(X, Index, axis, "onnx_gather_elements")]
+
+    def backward(X, Index, Out, Out_grad, axis):
+        grad = np.zeros(X.shape, Out_grad.dtype)
+        np.add.at(grad, _element_index(X, Index, axis, "onnx_gather_elements"), Out_grad)
+        return (grad,)
+
+
+_REDUCTIONS = {
+    "none": None,
+    "add": np.add,
+    "mul": np.multiply,
+    "max": np.maximum,
+    "min": np.minimum,
+}
+
+
+def _scatter(X: np.ndarray, index: tuple, Updates: np.ndarray, reduction: str) -> np.ndarray:
+    if reduction not in _REDUCTIONS:
+        raise AttrError(f"reduction must be one of {list(_REDUCTIONS)}, got '{reduction}'")
+    out = X.copy()
+    if reduction == "none":
+        out[index] = Updates
+    else:
+        _REDUCTIONS[reduction].at(out, index, Updates)
+    return out
+
+
+@register_op
+class onnx_scatter_elements:
+    """Out = X with Out[Index[i][j]][j] = Updates[i][j] for axis 0 (and so on), or combined
+    with it by `reduction` (add, mul, max, min) (ONNX ScatterElements)."""
+
+    inputs, outputs = ("X", "Index", "Updates"), ("Out",)
+    attrs = {"axis": 0, "reduction": "none"}
+
+    def infer(X, Index, Updates, axis, reduction):
+        _require_ints(Index, "Index")
+        if Updates.dtype != X.dtype:
+            raise DTypeError(f"Updates is {Updates.dtype} but X is {X.dtype}")
+        return X
+
+    def forward(X, Index, Updates, axis, reduction):
+        index = _element_index(X, Index, axis, "onnx_scatter_elements")
+        return _scatter(X, index, Updates, reduction)
+
+
+@register_op
+class onnx_scatter_nd:
+    """Out = X with the slices at Index's last-dim coordinates set to (or combined by
+    `reduction` with) Updates (ONNX ScatterND)."""
+
+    inputs, outputs = ("X", "Index", "Updates"), ("Out",)
+    attrs = {"reduction": "none"}
+
+    def infer(X, Index, Updates, reduction):
+        _require_ints(Index, "Index")
+        if Updates.dtype != X.dtype:
+            raise DTypeError(f"Updates is {Updates.dtype} but X is {X.dtype}")
+        return X
+
+    def forward(X, Index, Updates, reduction):
+        depth = Index.shape[-1]
+        coords = Index.reshape(-1, depth)
+        coords = np.where(coords < 0, coords + np.asarray(X.shape[:depth]), coords)
+        check_index_range(
+            coords, np.asarray(X.shape[:depth]), f"onnx_scatter_nd into X {list(X.shape)}"
+        )
+        updates = Updates.reshape((-1,) + X.shape[depth:])
+        return _scatter(X, tuple(coords.T), updates, reduction)
+
+
+@register_op
+class onnx_one_hot:
+    """Out = Values[1] where the position along the new dim `axis` equals the index (indices
+    in [-Depth, Depth), negative from the end), Values[0] elsewhere (ONNX OneHot)."""
+
+    inputs, outputs = ("Indices", "Depth", "Values"), ("Out",)
+    attrs = {"axis": -1}
+
+    def infer(Indices, Depth, Values, axis):
+        rank = Indices.ndim + 1
+        if not -rank <= axis < rank:
+            fail(f"axis {axis} is out of range for the result of rank {rank}")
+        shape = list(Indices.shape)
+        shape.insert(axis % rank, -1)
+        return VarInfo(tuple(shape), Values.dtype)
+
+    def forward(Indices, Depth, Values, axis):
+        depth = int(np.asarray(Depth).reshape(-1)[0])
+        off, on = np.asarray(Values).reshape(-1)[:2]
+        index = np.asarray(Indices).astype(np.int64)
+        index = np.where(index < 0, index + depth, index)
+        hot = index[..., None] == np.arange(depth)
+        out = np.where(hot, on, off).astype(Values.dtype)
+        return np.moveaxis(out, -1, axis % (index.ndim + 1))
+
+
+@register_op
+class onnx_einsum:
+    """Out = np.einsum(`equation`, *Inputs) (ONNX Einsum)."""
+
+    inputs, outputs = ("Inputs*",), ("Out",)
+    attrs = {"equation": Required(str)}
+
+    def infer(Inputs, equation):
+        terms, _, result = equation.replace(" ", "").partition("->")
+        if not result and "->" not in equation:
+            letters = sorted(c for c in terms if c.isalpha() and terms.count(c) == 1)
+            result = ("..." if "..." in terms else "") + "".join(letters)
+        rank = len(result.replace("...", ""))
+        if "..." in result:
+            rank += max(
+                x.ndim - len(t.replace("...", "")) for x, t in zip(Inputs, terms.split(","))
+            )
+        return VarInfo((-1,) * rank, Inputs[0].dtype)
+
+    def forward(Inputs, equation):
+        return np.asarray(np.einsum(equation, *Inputs))
+
+
 __all__ = [
+    "onnx_cumsum",
+    "onnx_einsum",
+    "onnx_gather_elements",
+    "onnx_isinf",
+    "onnx_isnan",
+    "onnx_mod",
+    "onnx_one_hot",
+    "onnx_scatter_elements",
+    "onnx_scatter_nd",
+    "onnx_trilu",
     "onnx_constant_of_shape",
     "onnx_erf",
     "onnx_gather",

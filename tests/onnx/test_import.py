@@ -455,7 +455,7 @@ def test_a_graph_reading_an_undefined_value():
 
 def test_a_failed_import_leaves_the_scope_alone():
     proto = mlp_model()
-    proto.graph.node.append(helper.make_node("NonZero", ["p"], ["nz"]))
+    proto.graph.node.append(helper.make_node("Unique", ["p"], ["u"]))
     scope = nf.Scope()
     with pytest.raises(UnknownOpError):
         nf.onnx.load(proto, scope)
@@ -486,3 +486,34 @@ def test_a_1x1_convolution_imports_as_one_matrix_product(spatial, strides):
     )
     ops = {op.type for op in program.global_block().ops}
     assert "matmul" in ops and "conv2d" not in ops
+
+
+def conv_bn_model(weights_as_initializers: bool):
+    w = R.standard_normal((4, 3, 3, 3)).astype("float32")
+    b = R.standard_normal(4).astype("float32")
+    stats = [R.standard_normal(4).astype("float32") for _ in range(3)]
+    stats.append(R.uniform(0.5, 2.0, 4).astype("float32"))  # the variance
+    names = ["w", "b", "scale", "beta", "mean", "var"]
+    values = [w, b, *stats]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "beta", "mean", "var"], ["y"]),
+    ]
+    if weights_as_initializers:
+        inits = [init(n, v) for n, v in zip(names, values)]
+    else:
+        inits = []
+        nodes[:0] = [
+            helper.make_node("Constant", [], [n], value=init(n, v)) for n, v in zip(names, values)
+        ]
+    return model(nodes, [tensor("x", ["N", 3, 5, 5])], [tensor("y", None)], inits)
+
+
+def test_batch_norm_after_a_constant_convolution_folds_into_it():
+    x = R.standard_normal((2, 3, 5, 5)).astype("float32")
+    program = check_against_reference(conv_bn_model(False), {"x": x}, rtol=1e-4, atol=1e-5)
+    assert [op.type for op in program.global_block().ops] == ["conv2d", "elementwise_add"]
+    # parameters stay parameters (trainable): nothing folds
+    program = check_against_reference(conv_bn_model(True), {"x": x}, rtol=1e-4, atol=1e-5)
+    ops = [op.type for op in program.global_block().ops]
+    assert ops == ["conv2d", "elementwise_add", "batch_norm"]

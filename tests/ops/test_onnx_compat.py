@@ -342,6 +342,208 @@ CASES = [
 ]
 
 
+def away_from_steps(*shape):
+    """Values at least 0.1 from every integer and half-integer (floor/ceil/round are flat
+    there, so central differences see their zero slope)."""
+    return (R.integers(-20, 20, shape) * 0.5 + 0.25 + R.uniform(-0.1, 0.1, shape)).astype("float64")
+
+
+UNARY = {
+    "floor": (np.floor, away_from_steps),
+    "ceil": (np.ceil, away_from_steps),
+    "round": (np.round, away_from_steps),
+    "sin": (np.sin, rand),
+    "cos": (np.cos, rand),
+    "tan": (np.tan, lambda *s: R.uniform(-1.2, 1.2, s)),
+    "asin": (np.arcsin, lambda *s: R.uniform(-0.9, 0.9, s)),
+    "acos": (np.arccos, lambda *s: R.uniform(-0.9, 0.9, s)),
+    "atan": (np.arctan, rand),
+    "sinh": (np.sinh, rand),
+    "cosh": (np.cosh, rand),
+    "asinh": (np.arcsinh, rand),
+    "acosh": (np.arccosh, lambda *s: R.uniform(1.2, 4.0, s)),
+    "atanh": (np.arctanh, lambda *s: R.uniform(-0.9, 0.9, s)),
+}
+
+CASES += [
+    OpCase(
+        f"onnx_{name}",
+        {"X": np.asarray(make(3, 4), np.float64)},
+        lambda X, fn=fn: {"Out": fn(X)},
+        grad=("X",),
+        id=name,
+    )
+    for name, (fn, make) in UNARY.items()
+]
+CASES += [
+    OpCase(
+        "onnx_round",
+        {"X": np.asarray([0.5, 1.5, -2.5, 2.4], np.float32)},
+        lambda X: {"Out": np.asarray([0.0, 2.0, -2.0, 2.0], np.float32)},
+        id="round_half_to_even",
+    ),
+    OpCase("onnx_sin", {"X": rand(0, 3)}, lambda X: {"Out": np.sin(X)}, id="sin_empty"),
+    OpCase(
+        "onnx_isnan",
+        {"X": np.asarray([1.0, np.nan, np.inf], np.float32)},
+        lambda X: {"Out": np.isnan(X)},
+        id="isnan",
+    ),
+    OpCase(
+        "onnx_isinf",
+        {"X": np.asarray([1.0, np.nan, np.inf, -np.inf], np.float32)},
+        lambda X, detect_positive=True, detect_negative=True: {
+            "Out": np.asarray([False, False, detect_positive, detect_negative])
+        },
+        {"detect_negative": False},
+        id="isinf_positive_only",
+    ),
+    OpCase(
+        "onnx_mod",
+        {"X": ints(-7, 7, -7, 7, 0), "Y": ints(3, -3, -3, 3, 5)},
+        lambda X, Y, fmod=False: {"Out": np.fmod(X, Y) if fmod else np.mod(X, Y)},
+        id="mod_sign_of_divisor",
+    ),
+    OpCase(
+        "onnx_mod",
+        {"X": rand(2, 3), "Y": np.asarray([0.7, -0.4, 1.3], np.float32)},
+        lambda X, Y, fmod=False: {"Out": np.fmod(X, Y) if fmod else np.mod(X, Y)},
+        {"fmod": True},
+        id="fmod_broadcast",
+    ),
+    OpCase(
+        "onnx_trilu",
+        {"X": rand(2, 4, 5), "K": ints(1)},
+        lambda X, K, upper=True: {"Out": np.triu(X, 1) if upper else np.tril(X, 1)},
+        grad=("X",),
+        id="triu_k1",
+    ),
+    OpCase(
+        "onnx_trilu",
+        {"X": rand(3, 3)},
+        lambda X, upper=True: {"Out": np.triu(X) if upper else np.tril(X)},
+        {"upper": False},
+        grad=("X",),
+        id="tril",
+    ),
+    OpCase(
+        "onnx_cumsum",
+        {"X": rand(3, 4), "Axis": ints(-1)},
+        lambda X, Axis, exclusive=False, reverse=False: {
+            "Out": np.flip(np.cumsum(np.flip(X, -1), -1) - np.flip(X, -1), -1)
+        },
+        {"exclusive": True, "reverse": True},
+        grad=("X",),
+        id="cumsum_exclusive_reverse",
+    ),
+    OpCase(
+        "onnx_gather_elements",
+        {"X": rand(3, 4), "Index": np.asarray([[0, 3, -1], [2, 2, 0]], np.int64)},
+        # Index may be smaller than X along the other dims: it reads their first positions
+        lambda X, Index, axis=0: {
+            "Out": np.take_along_axis(X[: Index.shape[0]], Index % X.shape[axis], axis)
+        },
+        {"axis": 1},
+        grad=("X",),
+        id="gather_elements_repeated_negative",
+    ),
+    OpCase(
+        "onnx_scatter_elements",
+        {
+            "X": rand(3, 3),
+            "Index": np.asarray([[1, 0, 2], [0, 2, 1]], np.int64),
+            "Updates": rand(2, 3),
+        },
+        lambda X, Index, Updates, axis=0, reduction="none": {
+            "Out": _scatter_reference(X, Index, Updates, axis, reduction)
+        },
+        id="scatter_elements",
+    ),
+    OpCase(
+        "onnx_scatter_elements",
+        {"X": rand(1, 5), "Index": np.asarray([[1, 3, 1]], np.int64), "Updates": rand(1, 3)},
+        lambda X, Index, Updates, axis=0, reduction="none": {
+            "Out": _scatter_reference(X, Index, Updates, axis, reduction)
+        },
+        {"axis": 1, "reduction": "add"},
+        id="scatter_elements_add_repeated",
+    ),
+    OpCase(
+        "onnx_scatter_nd",
+        {"X": rand(4, 3), "Index": np.asarray([[3], [0]], np.int64), "Updates": rand(2, 3)},
+        lambda X, Index, Updates, reduction="none": {
+            "Out": _scatter_nd_reference(X, Index, Updates, reduction)
+        },
+        id="scatter_nd_rows",
+    ),
+    OpCase(
+        "onnx_scatter_nd",
+        {"X": rand(2, 2), "Index": np.asarray([[0, 1], [0, 1]], np.int64), "Updates": rand(2)},
+        lambda X, Index, Updates, reduction="none": {
+            "Out": _scatter_nd_reference(X, Index, Updates, reduction)
+        },
+        {"reduction": "mul"},
+        id="scatter_nd_mul_repeated",
+    ),
+    OpCase(
+        "onnx_one_hot",
+        {
+            "Indices": np.asarray([[1, -1], [0, 5]], np.int64),
+            "Depth": np.asarray(3, np.int64),
+            "Values": np.asarray([2.0, 7.0], np.float32),
+        },
+        lambda Indices, Depth, Values, axis=-1: {
+            "Out": np.moveaxis(
+                np.where((Indices % 3)[..., None] == np.arange(3), 7.0, 2.0)
+                * ((Indices >= -3) & (Indices < 3))[..., None]
+                + 2.0 * ~((Indices >= -3) & (Indices < 3))[..., None],
+                -1,
+                axis,
+            ).astype(np.float32)
+        },
+        {"axis": 1},
+        id="one_hot_axis1_negative_and_out_of_range",
+    ),
+    OpCase(
+        "onnx_einsum",
+        {"Inputs": [rand(2, 3, 4), rand(2, 4, 5)]},
+        lambda Inputs, equation: {"Out": np.einsum(equation, *Inputs)},
+        {"equation": "bij,bjk->bik"},
+        id="einsum_batch_matmul",
+    ),
+    OpCase(
+        "onnx_einsum",
+        {"Inputs": [rand(3, 3)]},
+        lambda Inputs, equation: {"Out": np.asarray(np.einsum(equation, *Inputs))},
+        {"equation": "ii"},
+        id="einsum_trace_implicit",
+    ),
+]
+
+
+def _scatter_reference(X, Index, Updates, axis, reduction):
+    out = X.copy()
+    for position in np.ndindex(Index.shape):
+        target = list(position)
+        target[axis] = Index[position]
+        if reduction == "add":
+            out[tuple(target)] += Updates[position]
+        else:
+            out[tuple(target)] = Updates[position]
+    return out
+
+
+def _scatter_nd_reference(X, Index, Updates, reduction):
+    out = X.copy()
+    for position in np.ndindex(Index.shape[:-1]):
+        target = tuple(Index[position])
+        if reduction == "mul":
+            out[target] *= Updates[position]
+        else:
+            out[target] = Updates[position]
+    return out
+
+
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_op(case):
     case.check()

@@ -63,9 +63,10 @@ def loop(node: Node) -> None:
         iteration = node.op("reshape", {"X": step.name}, {"shape": []})
         condition = node.op("reshape", {"X": going.name}, {"shape": []})
         outs = graph.import_subgraph(body, [iteration, condition, *(v.name for v in carried)])
-        for name, var in zip(outs[1 : 1 + carried_count], carried):
-            if name != var.name:
-                layers.assign(here(name), output=var)
+        # a body output may be a loop variable itself (an Identity of its old value): copy
+        # those before any loop variable is written
+        own = {step.name, going.name, *(v.name for v in carried)}
+        outs = [layers.assign(here(n)).name if n in own else n for n in outs]
         for name in outs[1 + carried_count :]:  # scan outputs: one array element per step
             value = here(name)
             array = parent.create_var(
@@ -74,6 +75,8 @@ def loop(node: Node) -> None:
             parent.append_op("create_array", outputs={"Out": [array]}, attrs={"dtype": value.dtype})
             layers.array_write(value, step, array)
             arrays.append(array)
+        for name, var in zip(outs[1 : 1 + carried_count], carried):
+            layers.assign(here(name), output=var)
         layers.increment(step)
         layers.assign(here(_as_vector(node, outs[0])), output=going)
         if limit is not None:

@@ -218,3 +218,106 @@ def gemm(node: Node) -> None:
     if beta != 1.0:
         c = node.op("scale", {"X": c}, {"scale": beta})
     node.op("elementwise_add", {"X": product, "Y": c}, out=0)
+
+
+# ---- math NumPy has and Fluid 1.x does not (nestflow.ops.onnx_compat) ----
+
+_NUMPY_UNARY = (
+    "Floor Ceil Round Sin Cos Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh IsNaN".split()
+)
+
+
+@mapper(*_NUMPY_UNARY)
+def numpy_unary(node: Node) -> None:
+    node.op(f"onnx_{node.op_type.lower()}", {"X": node.input(0)}, out=0)
+
+
+@mapper("IsInf")
+def is_inf(node: Node) -> None:
+    attrs = {
+        "detect_positive": bool(node.attr("detect_positive", 1)),
+        "detect_negative": bool(node.attr("detect_negative", 1)),
+    }
+    node.op("onnx_isinf", {"X": node.input(0)}, attrs, out=0)
+
+
+@mapper("Mod")
+def mod(node: Node) -> None:
+    attrs = {"fmod": bool(node.attr("fmod", 0))}
+    node.op("onnx_mod", {"X": node.input(0), "Y": node.input(1)}, attrs, out=0)
+
+
+# ---- activations composed of nestflow's ----
+
+
+@mapper("Selu")
+def selu(node: Node) -> None:
+    alpha = node.attr("alpha", 1.67326319217681884765625)
+    gamma = node.attr("gamma", 1.05070102214813232421875)
+    elu = node.op("elu", {"X": node.input(0)}, {"alpha": alpha})
+    node.op("scale", {"X": elu}, {"scale": gamma}, out=0)
+
+
+@mapper("Celu")
+def celu(node: Node) -> None:
+    alpha = node.attr("alpha", 1.0)  # max(0, x) + min(0, alpha (exp(x / alpha) - 1))
+    shrunk = node.op("scale", {"X": node.input(0)}, {"scale": 1.0 / alpha})
+    elu = node.op("elu", {"X": shrunk}, {"alpha": 1.0})
+    node.op("scale", {"X": elu}, {"scale": alpha}, out=0)
+
+
+@mapper("ThresholdedRelu")
+def thresholded_relu(node: Node) -> None:
+    x, dtype = node.input(0), node.dtype(0)
+    above = node.op("greater_than", {"X": x, "Y": node.constant(node.attr("alpha", 1.0), dtype)})
+    node.op("where", {"Condition": above, "X": x, "Y": node.constant(0, dtype)}, out=0)
+
+
+@mapper("HardSwish")
+def hard_swish(node: Node) -> None:
+    x = node.input(0)
+    gate = node.op("hard_sigmoid", {"X": x}, {"slope": 1.0 / 6, "offset": 0.5})
+    node.op("elementwise_mul", {"X": x, "Y": gate}, out=0)
+
+
+@mapper("Mish")
+def mish(node: Node) -> None:
+    x = node.input(0)
+    gate = node.op("tanh", {"X": node.op("softplus", {"X": x})})
+    node.op("elementwise_mul", {"X": x, "Y": gate}, out=0)
+
+
+@mapper("Shrink")
+def shrink(node: Node) -> None:
+    x, dtype = node.input(0), node.dtype(0)
+    lambd, bias = node.attr("lambd", 0.5), node.attr("bias", 0.0)
+    high = node.op("greater_than", {"X": x, "Y": node.constant(lambd, dtype)})
+    low = node.op("less_than", {"X": x, "Y": node.constant(-lambd, dtype)})
+    down = node.op("elementwise_sub", {"X": x, "Y": node.constant(bias, dtype)})
+    up = node.op("elementwise_add", {"X": x, "Y": node.constant(bias, dtype)})
+    inner = node.op("where", {"Condition": low, "X": up, "Y": node.constant(0, dtype)})
+    node.op("where", {"Condition": high, "X": down, "Y": inner}, out=0)
+
+
+@mapper("Hardmax")
+def hardmax(node: Node) -> None:
+    """1 at the first largest element along the axis, 0 elsewhere (before opset 13: of X
+    flattened to 2-D at the axis)."""
+    x, dims, dtype = node.input(0), node.shape(0), node.dtype(0)
+    rank = len(dims)
+    axis = node.attr("axis", -1 if node.opset >= 13 else 1) % rank
+    if node.opset < 13 and axis != rank - 1:
+        x = node.op("flatten", {"X": x}, {"axis": axis})
+        dims, axis = node.graph.info(x).shape, 1
+    picked = node.op("arg_max", {"X": x}, {"axis": axis, "keepdims": False, "dtype": "int64"})
+    if dims[axis] < 0:
+        raise node.unsupported(f"Hardmax over dim {axis} of unknown size ({list(dims)})")
+    inputs = {
+        "Indices": picked,
+        "Depth": node.constant(np.int64(dims[axis])),
+        "Values": node.constant(np.asarray([0, 1], dtype)),
+    }
+    y = node.op("onnx_one_hot", inputs, {"axis": axis})
+    if node.graph.info(y).ndim != node.rank(0):  # the coerced 2-D form: back to X's shape
+        y = node.op("reshape", {"X": y}, {"shape": list(node.shape(0))})
+    node.set_output(0, y)

@@ -84,15 +84,49 @@ def conv(node: Node) -> None:
     kernel = node.attr("kernel_shape", list(w_shape[2:]))
     geometry = _as_2d(_spatial_attrs(node, x_shape, kernel), dims)
     attrs = {**geometry, "groups": node.attr("group", 1)}
-    x, w = _to_4d(node, node.input(0), dims), _to_4d(node, node.input(1), dims)
-    has_bias = node.has_input(2)
+    folded = _folded_batch_norm(node)
+    if folded is not None:
+        w, bias = (node.constant(v) for v in folded[:2])
+    else:
+        w, bias = node.input(1), node.input(2)
+    x, w = _to_4d(node, node.input(0), dims), _to_4d(node, w, dims)
     if _pointwise(attrs, kernel, w_shape):
         y = _pointwise_product(node, x, w, attrs["strides"], w_shape[0])
     else:
         y = node.op("conv2d", {"Input": x, "Filter": w}, attrs, outputs=("Output",))
-    if has_bias:  # B [M] lines up with the channels (dim 1)
-        y = node.op("elementwise_add", {"X": y, "Y": node.input(2)}, {"axis": 1})
+    if bias is not None:  # B [M] lines up with the channels (dim 1)
+        y = node.op("elementwise_add", {"X": y, "Y": bias}, {"axis": 1})
     _from_4d(node, y, dims)
+    if folded is not None:
+        node.graph.absorbed[folded[2]] = node.name_of_output(0)
+
+
+def _folded_batch_norm(node: Node) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """When the Conv's filter (and bias) and the statistics of the inference
+    BatchNormalization that alone reads its output are all constants: the filter and bias
+    with that affine map folded in (constant folding: Y = conv(X, W * f) + (B - mean) * f +
+    beta, f = scale / sqrt(var + epsilon)), and the BatchNormalization's output name."""
+    bn = node.sole_reader(0)
+    if bn is None or bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
+        return None
+    bn_attrs = {a.name: a for a in bn.attribute}
+    if "training_mode" in bn_attrs and bn_attrs["training_mode"].i:
+        return None
+    if len([o for o in bn.output if o]) != 1 or not bn.output[0]:
+        return None
+    graph = node.graph
+    values = [graph.consts.get(graph.lookup(name) or "") for name in bn.input[1:5]]
+    w = node.fixed(1)
+    b = node.fixed(2) if node.has_input(2) else np.zeros(1, "float32")
+    if w is None or b is None or any(v is None for v in values) or len(bn.input) != 5:
+        return None
+    epsilon = bn_attrs["epsilon"].f if "epsilon" in bn_attrs else 1e-5
+    scale, beta, mean, var = (v.astype(np.float64) for v in values)
+    factor = scale / np.sqrt(var + epsilon)
+    shape = (-1,) + (1,) * (w.ndim - 1)
+    weight = (w.astype(np.float64) * factor.reshape(shape)).astype(w.dtype)
+    bias = ((b.astype(np.float64) - mean) * factor + beta).astype(w.dtype)
+    return weight, bias, bn.output[0]
 
 
 def _pointwise(attrs: dict, kernel, w_shape) -> bool:
@@ -357,3 +391,76 @@ def log_softmax(node: Node) -> None:
         _coerced_2d(node, node.input(0), axis, rank, "onnx_log_softmax", 0)
         return
     node.op("onnx_log_softmax", {"X": node.input(0)}, {"axis": axis}, out=0)
+
+
+@mapper("LpNormalization")
+def lp_normalization(node: Node) -> None:
+    x, p = node.input(0), node.attr("p", 2)
+    if p not in (1, 2):
+        raise node.unsupported(f"LpNormalization with p={p}")
+    keep = {"dim": [node.attr("axis", -1)], "keep_dim": True}
+    if p == 1:
+        norm = node.op("reduce_sum", {"X": node.op("abs", {"X": x})}, keep)
+    else:
+        norm = node.op(
+            "sqrt", {"X": node.op("reduce_sum", {"X": node.op("square", {"X": x})}, keep)}
+        )
+    # a zero vector stays zero (ONNX's reference), not 0 / 0
+    zero = node.op("equal", {"X": norm, "Y": node.constant(0, node.dtype(0))})
+    safe = node.op("where", {"Condition": zero, "X": node.constant(1, node.dtype(0)), "Y": norm})
+    node.op("elementwise_div", {"X": x, "Y": safe}, out=0)
+
+
+@mapper("MeanVarianceNormalization")
+def mean_variance_normalization(node: Node) -> None:
+    axes = node.attr("axes", [0, 2, 3])
+    normed = _standardized(node, node.input(0), [a % node.rank(0) for a in axes], 1e-9)[0]
+    node.set_output(0, normed)
+
+
+@mapper("ConvTranspose")
+def conv_transpose(node: Node) -> None:
+    x_shape, w_shape = node.shape(0), node.shape(1)
+    dims = _spatial_dims(node, len(x_shape))
+    kernel = node.attr("kernel_shape", list(w_shape[2:]))
+    strides = node.attr("strides", [1] * dims)
+    dilations = node.attr("dilations", [1] * dims)
+    extra = node.attr("output_padding", [0] * dims)
+    pads = node.attr("pads", [0] * 2 * dims)
+    sizes = list(x_shape[2:])
+    full = [
+        (s - 1) * st + (k - 1) * d + 1 for s, st, k, d in zip(sizes, strides, kernel, dilations)
+    ]
+    wanted = node.attr("output_shape")
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    if wanted is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        if -1 in sizes:
+            raise node.unsupported(
+                f"ConvTranspose output_shape/auto_pad over input {list(x_shape)}"
+            )
+        if wanted is None:
+            wanted = [s * st for s, st in zip(sizes, strides)]
+        wanted = list(wanted)[-dims:]
+        totals = [f + e - o for f, e, o in zip(full, extra, wanted)]
+        upper = auto_pad == "SAME_UPPER"  # else the begin gets the larger half (ONNX)
+        begins = [t // 2 if upper else t - t // 2 for t in totals]
+        ends = [t - b for t, b in zip(totals, begins)]
+        if min(begins) < 0:
+            raise node.unsupported(f"ConvTranspose output_shape {wanted} past the full output")
+        # a negative end pad is output past the full one, zeros but for the bias (output_size)
+        extra = [x + max(-e, 0) for x, e in zip(extra, ends)]
+        pads = begins + [max(e, 0) for e in ends]
+    elif auto_pad == "VALID":
+        pads = [0] * 2 * dims
+    geometry = _as_2d({"strides": strides, "dilations": dilations, "pads": pads}, dims)
+    attrs = {**geometry, "groups": node.attr("group", 1)}
+    if any(extra):
+        if -1 in sizes:
+            raise node.unsupported(f"ConvTranspose output_padding over input {list(x_shape)}")
+        outs = [f - pads[d] - pads[d + dims] + extra[d] for d, f in enumerate(full)]
+        attrs["output_size"] = outs if dims == 2 else [1, *outs]
+    x, w = _to_4d(node, node.input(0), dims), _to_4d(node, node.input(1), dims)
+    y = node.op("conv2d_transpose", {"Input": x, "Filter": w}, attrs, outputs=("Output",))
+    if node.has_input(2):
+        y = node.op("elementwise_add", {"X": y, "Y": node.input(2)}, {"axis": 1})
+    _from_4d(node, y, dims)

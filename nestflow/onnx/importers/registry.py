@@ -100,6 +100,10 @@ class Node:
     def name_of(self, i: int) -> str:
         return self.graph.lookup(self.proto.input[i])
 
+    def name_of_output(self, k: int) -> str:
+        """The variable (or constant) output `k` is bound to."""
+        return self.graph.lookup(self.proto.output[k])
+
     def input(self, i: int) -> str | None:
         """Input `i` as a variable name ops can read (None if the node omits it)."""
         if not self.has_input(i):
@@ -117,6 +121,10 @@ class Node:
         name = self.name_of(i)
         value = self.graph.consts.get(name)
         return self.graph.params.get(name) if value is None else value
+
+    def fixed(self, i: int) -> np.ndarray | None:
+        """Input `i`'s value when it is a constant (never a trainable parameter), else None."""
+        return self.graph.consts.get(self.name_of(i)) if self.has_input(i) else None
 
     def ints(self, i: int, what: str) -> list[int] | None:
         """Input `i` as a list of ints when known at import, else None."""
@@ -151,6 +159,11 @@ class Node:
 
     def wants_output(self, k: int) -> bool:
         return k < len(self.proto.output) and bool(self.proto.output[k])
+
+    def sole_reader(self, k: int):
+        """The one node reading output `k` (None if none, several, or a graph output does)."""
+        readers = self.graph.readers.get(self.proto.output[k], []) if self.wants_output(k) else []
+        return readers[0] if len(readers) == 1 else None
 
     def set_output(self, k: int, name: str) -> None:
         """Bind ONNX output `k` to variable (or constant) `name`."""

@@ -281,3 +281,85 @@ def range_(node: Node) -> None:
 def where(node: Node) -> None:
     inputs = {"Condition": node.input(0), "X": node.input(1), "Y": node.input(2)}
     node.op("where", inputs, out=0)
+
+
+# ---- element-wise indexing, triangles, running sums (nestflow.ops.onnx_compat) ----
+
+
+@mapper("Trilu")
+def trilu(node: Node) -> None:
+    inputs = {"X": node.input(0), "K": node.input(1)}
+    node.op("onnx_trilu", inputs, {"upper": bool(node.attr("upper", 1))}, out=0)
+
+
+@mapper("CumSum")
+def cumsum(node: Node) -> None:
+    attrs = {"exclusive": bool(node.attr("exclusive", 0)), "reverse": bool(node.attr("reverse", 0))}
+    axis = node.ints(1, "the axis")
+    if axis is not None:
+        attrs["axis"] = _axis(axis[0], node.rank(0), node)
+        node.op("cumsum", {"X": node.input(0)}, attrs, out=0)
+        return
+    node.op("onnx_cumsum", {"X": node.input(0), "Axis": node.input(1)}, attrs, out=0)
+
+
+@mapper("GatherElements")
+def gather_elements(node: Node) -> None:
+    inputs = {"X": node.input(0), "Index": node.input(1)}
+    node.op("onnx_gather_elements", inputs, {"axis": node.attr("axis", 0)}, out=0)
+
+
+@mapper("ScatterElements", "Scatter")
+def scatter_elements(node: Node) -> None:
+    inputs = {"X": node.input(0), "Index": node.input(1), "Updates": node.input(2)}
+    attrs = {"axis": node.attr("axis", 0), "reduction": node.attr("reduction", "none")}
+    node.op("onnx_scatter_elements", inputs, attrs, out=0)
+
+
+@mapper("ScatterND")
+def scatter_nd(node: Node) -> None:
+    inputs = {"X": node.input(0), "Index": node.input(1), "Updates": node.input(2)}
+    attrs = {"reduction": node.attr("reduction", "none")}
+    node.op("onnx_scatter_nd", inputs, attrs, out=0)
+
+
+@mapper("OneHot")
+def one_hot(node: Node) -> None:
+    inputs = {"Indices": node.input(0), "Depth": node.input(1), "Values": node.input(2)}
+    node.op("onnx_one_hot", inputs, {"axis": node.attr("axis", -1)}, out=0)
+
+
+@mapper("NonZero")
+def non_zero(node: Node) -> None:
+    x = node.input(0)
+    if node.dtype(0) != "bool":
+        x = node.op("cast", {"X": x}, {"out_dtype": "bool"})
+    coordinates = node.op("where_index", {"Condition": x})  # [count, rank]
+    node.op("transpose", {"X": coordinates}, {"axis": [1, 0]}, out=0)
+
+
+@mapper("Einsum")
+def einsum(node: Node) -> None:
+    node.op("onnx_einsum", {"Inputs": node.inputs()}, {"equation": node.attr("equation")}, out=0)
+
+
+@mapper("DepthToSpace", "SpaceToDepth")
+def depth_to_space(node: Node) -> None:
+    """Rearranged by a reshape, a transpose and a reshape (X's C, H, W known); mode DCR
+    (default) or CRD orders the moved block's elements depth-column-row or column-row-depth."""
+    n, c, h, w = node.shape(0)
+    b = node.attr("blocksize")
+    if -1 in (c, h, w):
+        raise node.unsupported(f"{node.op_type} of X {list(node.shape(0))} of unknown size")
+    crd = node.attr("mode", "DCR") == "CRD"
+    if node.op_type == "SpaceToDepth":
+        split = [0, c, h // b, b, w // b, b]
+        perm = [0, 1, 3, 5, 2, 4] if crd else [0, 3, 5, 1, 2, 4]
+        target = [0, c * b * b, h // b, w // b]
+    else:
+        split = [0, c // (b * b), b, b, h, w] if crd else [0, b, b, c // (b * b), h, w]
+        perm = [0, 1, 4, 2, 5, 3] if crd else [0, 3, 4, 1, 5, 2]
+        target = [0, c // (b * b), h * b, w * b]
+    parts = node.op("reshape", {"X": node.input(0)}, {"shape": split})
+    moved = node.op("transpose", {"X": parts}, {"axis": perm})
+    node.op("reshape", {"X": moved}, {"shape": target}, out=0)
