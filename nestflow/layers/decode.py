@@ -43,6 +43,7 @@ from nestflow.layers import nn, tensor
 from nestflow.layers.cond import flatten, map_structure, pack_sequence_as
 from nestflow.layers.control_flow import While, array_to_tensor, array_write
 from nestflow.layers.helper import append_op, current_block, layer_error
+from nestflow.layers.math import exp, log
 
 # The score a beam that must not be chosen starts with (Fluid's kinf).
 _KINF = 1e9
@@ -55,19 +56,17 @@ class Decoder:
     sequence_lengths)` gives (final_outputs, final_states); `tracks_own_finished` says whether
     step's `finished` already accounts for earlier steps (beams reorder, so beam search does).
 
-    >>> L = nf.layers
-    >>> class CountDown(L.Decoder):  # emits n, n - 1, ..., 1 per row, then stops
+    >>> class CountDown(nf.layers.Decoder):       # emits n-1, n-2, ... until 0
     ...     def initialize(self, n):
-    ...         return n, n, L.less_than(n, 0.5)
+    ...         one = nf.layers.fill_constant([1], "int64", 1)
+    ...         return n, n, nf.layers.less_than(n, one)
     ...     def step(self, time, inputs, states):
-    ...         left = L.scale(states, bias=-1.0)
-    ...         return states, left, left, L.less_than(left, 0.5)
-    >>> n = nf.data("n", [-1, 1])
-    >>> out, last = L.dynamic_decode(CountDown(), inits=n, impute_finished=True)
-    >>> got = nf.Executor().run(feed={"n": np.array([[3.0], [1.0]], "float32")},
-    ...                         fetch_list=[out])[0]
-    >>> got[..., 0].tolist()  # [batch, time]: a finished row repeats its last output
-    [[3.0, 2.0, 1.0], [1.0, 0.0, 0.0]]
+    ...         left, one = states - 1, nf.layers.fill_constant([1], "int64", 1)
+    ...         return left, left, left, nf.layers.less_than(left, one)
+    >>> n = nf.layers.data("n", [-1], "int64")
+    >>> outputs, final = nf.layers.dynamic_decode(CountDown(), inits=n)
+    >>> nf.Executor().run(feed={"n": np.array([2, 3])}, fetch_list=[outputs])[0].tolist()
+    [[1, 0, -1], [2, 1, 0]]
     """
 
     def initialize(self, inits: Any) -> tuple[Any, Any, VarDesc]:
@@ -100,21 +99,20 @@ class BeamSearchDecoder(Decoder):
     ShapeError for an end_token outside the vocabulary (when the step is built) or a cell
     output that is not `[batch, beam, vocab]`.
 
-    >>> L = nf.layers
-    >>> # a bigram model over tokens 0 (start), 1 and 2 (end): row t holds the next logits
-    >>> table = L.assign(np.array([[-9.0, 0.0, -2.0], [-9.0, -1.0, 0.0], [-9.0, -9.0, 0.0]]))
-    >>> decoder = L.BeamSearchDecoder(
-    ...     cell=lambda inputs, states: (inputs, states),  # the logits are the inputs
-    ...     start_token=0, end_token=2, beam_size=2,
-    ...     embedding_fn=lambda ids: L.reshape(L.gather(table, L.reshape(ids, [-1])), [-1, 2, 3]))
-    >>> h0 = nf.data("h0", [-1, 1], "float64")  # the (unused) cell state gives the batch size
-    >>> ids, final = L.dynamic_decode(decoder, inits=h0, max_step_num=4)
-    >>> got, scores = nf.Executor().run(feed={"h0": np.zeros((1, 1))},
-    ...                                 fetch_list=[ids, final.log_probs])
-    >>> got[0].T.tolist()  # [batch, time, beam] -> each beam's tokens
-    [[1, 2, 2], [1, 1, 2]]
-    >>> scores.round(2).tolist()  # summed log-probabilities, best beam first
-    [[-0.44, -1.75]]
+    >>> decoder = nf.layers.BeamSearchDecoder(
+    ...     nf.layers.GRUCell(8), start_token=0, end_token=1, beam_size=3,
+    ...     embedding_fn=lambda ids: nf.layers.embedding(ids, [5, 4], param_attr="emb.w"),
+    ...     output_fn=lambda out: nf.layers.fc(out, 5, num_flatten_dims=2))
+    >>> h0 = nf.layers.data("h0", [-1, 8])
+    >>> ids, final = nf.layers.dynamic_decode(decoder, inits=h0, max_step_num=4)
+    >>> ids.shape, final.log_probs.shape
+    ((-1, -1, 3), (-1, 3))
+    >>> exe = nf.Executor()
+    >>> _ = exe.run(nf.default_startup_program())
+    >>> got, scores = exe.run(feed={"h0": np.zeros((2, 8), "float32")},
+    ...                       fetch_list=[ids, final.log_probs])
+    >>> got.shape[0], got.shape[2], bool((np.diff(scores, axis=1) <= 0).all())
+    (2, 3, True)
     """
 
     class OutputWrapper(collections.namedtuple("OutputWrapper", "scores predicted_ids parent_ids")):
@@ -175,8 +173,14 @@ class BeamSearchDecoder(Decoder):
         return _merge_batch_beams(tiled)
 
     def _split_batch_beams(self, x: VarDesc) -> VarDesc:
-        _require_known_tail(x, 1, "the cell's outputs and states")
-        return nn.reshape(x, [-1, self.beam_size, *x.shape[1:]])
+        """x [batch * beam, ...] as [batch, beam, ...]."""
+        if all(d >= 0 for d in x.shape[1:]):
+            return nn.reshape(x, [-1, self.beam_size, *x.shape[1:]])
+        # Unknown dims after the first: moved first, they are copied by reshape's 0.
+        rest = x.ndim - 1
+        moved = nn.transpose(x, [*range(1, x.ndim), 0])
+        split = nn.reshape(moved, [0] * rest + [-1, self.beam_size])
+        return nn.transpose(split, [rest, rest + 1, *range(rest)])
 
     def _merge_inputs(self, x: VarDesc) -> VarDesc:
         # nf.layers.embedding (Fluid's lookup_table) drops a last ids dim of 1: with one beam
@@ -200,7 +204,6 @@ class BeamSearchDecoder(Decoder):
         beam = self.beam_size
         cell_states = map_structure(lambda s: _expand_to_beam(s, beam), initial_cell_states)
         score_dtype = first.dtype if first.dtype in ("float32", "float64") else "float32"
-        self._score_dtype = score_dtype
         ids = tensor.fill_constant_batch_size_like(first, [-1, beam], "int64", self.start_token)
         zeros = tensor.fill_constant_batch_size_like(first, [-1, beam], score_dtype, 0.0)
         first_live = nn.assign(np.array([[0.0] + [-_KINF] * (beam - 1)], score_dtype))
@@ -224,8 +227,8 @@ class BeamSearchDecoder(Decoder):
         """log_softmax over the last dim, written out (log(softmax) gives -inf for a
         probability that underflows)."""
         shifted = nn.elementwise_sub(logits, tensor.reduce_max(logits, dim=-1, keep_dim=True))
-        total = tensor.reduce_sum(_math().exp(shifted), dim=-1, keep_dim=True)
-        return nn.elementwise_sub(shifted, _math().log(total))
+        total = tensor.reduce_sum(exp(shifted), dim=-1, keep_dim=True)
+        return nn.elementwise_sub(shifted, log(total))
 
     def _beam_search_step(self, logits: VarDesc, next_cell_states: Any, beam_state: Any):
         if logits.ndim != 3 or logits.shape[1] not in (self.beam_size, -1):
@@ -310,21 +313,6 @@ class BeamSearchDecoder(Decoder):
         return True
 
 
-def _math():
-    from nestflow.layers import math
-
-    return math
-
-
-def _require_known_tail(x: VarDesc, start: int, what: str) -> None:
-    if any(d < 0 for d in x.shape[start:]):
-        raise layer_error(
-            ShapeError,
-            "BeamSearchDecoder",
-            f"{what} must have known dims after the batch dims, but '{x.name}' is {list(x.shape)}",
-        )
-
-
 def _expand_to_beam(x: VarDesc, beam: int) -> VarDesc:
     """x [batch, ...] as [batch, beam, ...], each row repeated."""
     x = tensor.unsqueeze(x, [1])
@@ -332,8 +320,14 @@ def _expand_to_beam(x: VarDesc, beam: int) -> VarDesc:
 
 
 def _merge_batch_beams(x: VarDesc) -> VarDesc:
-    _require_known_tail(x, 2, "the decoder's inputs and states")
-    return nn.reshape(x, [-1, *x.shape[2:]])
+    """x [batch, beam, ...] as [batch * beam, ...]."""
+    if all(d >= 0 for d in x.shape[2:]):
+        return nn.reshape(x, [-1, *x.shape[2:]])
+    # Unknown dims after the first two: moved first, they are copied by reshape's 0.
+    rest = x.ndim - 2
+    moved = nn.transpose(x, [*range(2, x.ndim), 0, 1])
+    merged = nn.reshape(moved, [0] * rest + [-1])
+    return nn.transpose(merged, [rest, *range(rest)])
 
 
 def _copy(x: Any) -> VarDesc:
@@ -390,20 +384,16 @@ def dynamic_decode(
     their own finished state) the states of finished rows stop changing.
     Errors: AttrError for a negative max_step_num.
 
-    >>> L = nf.layers
-    >>> class Halve(L.Decoder):  # x, x / 2, x / 4, ... until below 1
-    ...     def initialize(self, x):
-    ...         return x, x, L.less_than(x, 1.0)
-    ...     def step(self, time, inputs, states):
-    ...         half = L.scale(states, scale=0.5)
-    ...         return states, half, half, L.less_than(half, 1.0)
-    >>> x = nf.data("x", [-1, 1])
-    >>> out, last, lengths = L.dynamic_decode(Halve(), inits=x, max_step_num=10,
-    ...                                       impute_finished=True, return_length=True)
-    >>> got, n = nf.Executor().run(feed={"x": np.array([[8.0], [2.0]], "float32")},
-    ...                            fetch_list=[out, lengths])
-    >>> got[..., 0].tolist(), n.ravel().tolist()  # outputs past a row's length are padding
-    ([[8.0, 4.0, 2.0, 1.0], [2.0, 1.0, 0.5, 0.5]], [4, 2])
+    >>> cell = lambda ids, h: (nf.layers.one_hot(ids, 4) * 2.0 + h, h)   # logits 2 at the input id
+    >>> decoder = nf.layers.BeamSearchDecoder(cell, start_token=2, end_token=1, beam_size=1,
+    ...     output_fn=lambda logits: logits + nf.layers.assign(np.array([0, 0, 0, 3.0], "float32")))
+    >>> h0 = nf.layers.data("h0", [-1, 4])
+    >>> ids, final, lengths = nf.layers.dynamic_decode(
+    ...     decoder, inits=h0, max_step_num=2, return_length=True)
+    >>> feed = {"h0": np.array([[0, 9, 0, 0], [0, 0, 0, 0]], "float32")}
+    >>> got, n = nf.Executor().run(feed=feed, fetch_list=[ids, lengths])
+    >>> got[:, :, 0].tolist(), n.tolist()      # row 0 ends at once, row 1 keeps choosing 3
+    ([[1, 1, 1], [3, 3, 3]], [[1], [3]])
     """
     if max_step_num is not None:
         if not isinstance(max_step_num, numbers.Integral) or max_step_num < 0:

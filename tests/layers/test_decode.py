@@ -250,7 +250,8 @@ def test_nested_states_kwargs_time_major_and_tiled_batch_values():
     kwargs (tiled to the beams), with time-major outputs."""
     model = TinyModel(seed=13)
     h0_var = L.data("h0", [-1, model.hidden], "float64")
-    enc = L.data("enc", [-1, 5, model.hidden], "float64")
+    c0_var = L.data("c0", [-1, -1], "float64")  # a state whose size is unknown when built
+    enc = L.data("enc", [-1, -1, model.hidden], "float64")
     beam = 3
 
     def cell(inputs, states, enc=None):
@@ -260,9 +261,9 @@ def test_nested_states_kwargs_time_major_and_tiled_batch_values():
 
     decoder = L.BeamSearchDecoder(cell, START, END, beam, model.embed, model.logits)
     tiled = L.BeamSearchDecoder.tile_beam_merge_with_batch(enc, beam)
-    assert tiled.shape == (-1, 5, model.hidden)
+    assert tiled.shape == (-1, -1, model.hidden)
     ids, final = L.dynamic_decode(
-        decoder, inits=[h0_var, h0_var], max_step_num=5, output_time_major=True, enc=tiled
+        decoder, inits=[h0_var, c0_var], max_step_num=5, output_time_major=True, enc=tiled
     )
     assert isinstance(final, L.BeamSearchDecoder.StateWrapper)
     assert isinstance(final.cell_states, list) and len(final.cell_states) == 2
@@ -272,12 +273,12 @@ def test_nested_states_kwargs_time_major_and_tiled_batch_values():
     rng = np.random.default_rng(13)
     h0, enc_value = rng.normal(size=(2, model.hidden)), rng.normal(size=(2, 5, model.hidden))
     got, tiled_value, c_final = exe.run(
-        feed={"h0": h0, "enc": enc_value},
+        feed={"h0": h0, "c0": h0 * 2.0, "enc": enc_value},
         fetch_list=[ids, tiled, final.cell_states[1]],
         scope=scope,
     )
     np.testing.assert_array_equal(tiled_value, np.repeat(enc_value, beam, axis=0))
-    np.testing.assert_array_equal(c_final, np.repeat(h0[:, None], beam, axis=1))
+    np.testing.assert_array_equal(c_final, np.repeat(h0[:, None] * 2.0, beam, axis=1))
     want, _, _, _ = numpy_beam_search(model, h0, beam, 5, enc_means=enc_value.mean(axis=1))
     np.testing.assert_array_equal(got, want.transpose(1, 0, 2))  # [T, N, beam]
 
