@@ -20,7 +20,9 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="train a model on scikit-learn's bundled 8x8 digits, save and reload it"
     )
-    demo.add_argument("--model", choices=("mlp", "rnn", "conv", "sentiment", "translate"), default="mlp")
+    demo.add_argument(
+        "--model", choices=("mlp", "rnn", "conv", "translate", "sentiment"), default="mlp"
+    )
     demo.add_argument("--epochs", type=int, default=None, help="passes over the training set")
     demo.add_argument("--out", default=None, help="directory for the saved model (default: temp)")
     demo.add_argument("--seed", type=int, default=0)
