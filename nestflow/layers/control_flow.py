@@ -469,6 +469,9 @@ class While:
     the outer variables hold their final values. `max_steps` (None: no limit) makes a loop that
     runs longer raise MaxStepsExceededError. Gradients flow through loop-carried float
     variables and to outer variables the body reads (parameters get summed gradients).
+    Memory: a loop with no gradient op keeps only its newest step scope; one with a gradient
+    keeps every step, at most nestflow.ops.while_loop.MAX_KEPT_STEPS (100000) without
+    max_steps (then MaxStepsExceededError: pass max_steps for a longer loop).
 
     >>> i = nf.layers.fill_constant([1], "int64", 0)
     >>> n = nf.layers.fill_constant([1], "int64", 3)

@@ -29,6 +29,8 @@ from nestflow.framework import framework_pb2 as pb
 
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
+# The worker limits its address space and reads its size from /proc.
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fuzz worker is Linux-only")
 
 L = nf.layers
 ROOT = Path(__file__).resolve().parents[2]
