@@ -825,7 +825,224 @@ class onnx_einsum:
         return np.asarray(np.einsum(equation, *Inputs))
 
 
+# ---- resize ----
+
+_RESIZE_MODES = ("nearest", "linear", "cubic")
+_COORDINATE_MODES = (
+    "half_pixel",
+    "half_pixel_symmetric",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_crop_and_resize",
+)
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _source_coordinate(
+    i: np.ndarray, size: int, out: int, scale: float, mode: str, roi
+) -> np.ndarray:
+    """Where output positions `i` of one axis lie in the input (ONNX Resize's
+    coordinate_transformation_mode; the output's length as float is scale * size)."""
+    width = scale * size
+    if mode == "align_corners":
+        return np.zeros_like(i) if width == 1 else i * (size - 1) / (width - 1)
+    if mode == "asymmetric":
+        return i / scale
+    if mode == "tf_crop_and_resize":
+        start, end = roi
+        if width == 1:
+            return np.full_like(i, (end - start) * (size - 1) / 2 + start * (size - 1))
+        return i * (end - start) * (size - 1) / (width - 1) + start * (size - 1)
+    if mode == "pytorch_half_pixel" and width == 1:
+        return np.full_like(i, -0.5)
+    if mode == "half_pixel_symmetric":
+        offset = size / 2 * (1 - out / width)
+        return offset + (i + 0.5) / scale - 0.5
+    return (i + 0.5) / scale - 0.5
+
+
+def _resize_weights(ratio: np.ndarray, scale: float, attrs: dict) -> np.ndarray:
+    """[out, n] weights of the n neighbours of each position (ratio in (0, 1]: its distance
+    past the left neighbour of the middle pair)."""
+    mode = attrs["mode"]
+    if mode == "nearest":
+        rule = attrs["nearest_mode"]
+        right = {
+            "round_prefer_floor": ratio > 0.5,
+            "round_prefer_ceil": ratio >= 0.5,
+            "floor": np.zeros_like(ratio, bool),
+            "ceil": np.ones_like(ratio, bool),
+        }[rule] | (ratio == 1)
+        return np.stack([~right, right], axis=1).astype(np.float64)
+    r = ratio[:, None]
+    if not attrs["antialias"] or scale >= 1:
+        if mode == "linear":
+            return np.concatenate([1 - r, r], axis=1)
+        a = attrs["cubic_coeff_a"]
+        distances = np.concatenate([r + 1, r, 1 - r, 2 - r], axis=1)
+    else:  # a filter stretched by 1 / scale when shrinking
+        support = 1 if mode == "linear" else 2
+        start = int(np.floor(-support / scale) + 1)
+        distances = np.abs((np.arange(start, 2 - start) - r) * scale)
+        if mode == "linear":
+            weights = np.clip(1 - distances, 0, 1)
+            return weights / weights.sum(axis=1, keepdims=True)
+        a = attrs["cubic_coeff_a"]
+    d = np.abs(distances)
+    cubic = np.where(
+        d <= 1,
+        (a + 2) * d**3 - (a + 3) * d**2 + 1,
+        np.where(d < 2, a * d**3 - 5 * a * d**2 + 8 * a * d - 4 * a, 0.0),
+    )
+    if attrs["antialias"] and scale < 1:
+        cubic = cubic / cubic.sum(axis=1, keepdims=True)
+    return cubic
+
+
+def _resize_axis(size: int, out: int, scale: float, roi, attrs: dict):
+    """(neighbour indexes [out, n], weights [out, n], positions outside the input or None)."""
+    x = _source_coordinate(
+        np.arange(out, dtype=np.float64),
+        size,
+        out,
+        scale,
+        attrs["coordinate_transformation_mode"],
+        roi,
+    )
+    base = np.ceil(x) - 1  # the left neighbour of the middle pair: ratio in (0, 1]
+    ratio = x - base
+    weights = _resize_weights(ratio, scale, attrs)
+    n = weights.shape[1]
+    index = base[:, None].astype(np.int64) + np.arange(n) - (n // 2 - 1)
+    if attrs["exclude_outside"]:
+        weights = np.where((index < 0) | (index >= size), 0.0, weights)
+        weights = weights / weights.sum(axis=1, keepdims=True)
+    outside = None
+    if attrs["coordinate_transformation_mode"] == "tf_crop_and_resize":
+        outside = (x < 0) | (x > size - 1)
+    return np.clip(index, 0, size - 1), weights, outside
+
+
+def _resize_plan(X: np.ndarray, Roi, Scales, Sizes, attrs: dict) -> list[tuple]:
+    """Per resized axis: (axis, indexes, weights, outside mask or None)."""
+    rank = X.ndim
+    axes = [a % rank for a in attrs["axes"]] or list(range(rank))
+    scales, sizes = [1.0] * rank, list(X.shape)
+    roi = [(0.0, 1.0)] * rank
+    if Roi is not None and np.asarray(Roi).size:
+        values = np.asarray(Roi, np.float64).reshape(-1)
+        for k, a in enumerate(axes):
+            roi[a] = (values[k], values[k + len(axes)])
+    if Sizes is not None and np.asarray(Sizes).size:
+        wanted = _values(Sizes)
+        for k, a in enumerate(axes):
+            sizes[a] = wanted[k]
+            scales[a] = wanted[k] / X.shape[a]
+        policy = attrs["keep_aspect_ratio_policy"]
+        if policy != "stretch":
+            pick = min if policy == "not_larger" else max
+            scale = pick(scales[a] for a in axes)
+            for a in axes:
+                scales[a], sizes[a] = scale, int(scale * X.shape[a] + 0.5)
+    elif Scales is not None and np.asarray(Scales).size:
+        factors = np.asarray(Scales, np.float64).reshape(-1)
+        for k, a in enumerate(axes):
+            scales[a] = float(factors[k])
+            sizes[a] = int(factors[k] * X.shape[a])
+    else:
+        raise ShapeError("onnx_resize needs Scales or Sizes")
+    plan = []
+    for a in axes:
+        trivial = (
+            roi[a] == (0.0, 1.0) or attrs["coordinate_transformation_mode"] != "tf_crop_and_resize"
+        )
+        if math.isclose(scales[a], 1.0) and sizes[a] == X.shape[a] and trivial:
+            continue
+        plan.append((a, *_resize_axis(X.shape[a], sizes[a], scales[a], roi[a], attrs)))
+    return plan
+
+
+def _along(x: np.ndarray, axis: int, index: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """sum_k weights[:, k] * x[index[:, k]] along `axis`."""
+    moved = np.moveaxis(x, axis, 0)
+    picked = moved[index]  # [out, n, ...]
+    weights = weights.reshape(weights.shape + (1,) * (moved.ndim - 1))
+    return np.moveaxis((picked * weights).sum(axis=1), 0, axis)
+
+
+@register_op
+class onnx_resize:
+    """Out = X resized along `axes` (all by default) to Sizes or by Scales, each output
+    position interpolated (`mode`: nearest, linear, cubic) at the input coordinate
+    `coordinate_transformation_mode` gives it, as ONNX Resize (separably, one axis after
+    another, in float64; integer results rounded and saturated)."""
+
+    inputs, outputs = ("X", "Roi?", "Scales?", "Sizes?"), ("Out",)
+    attrs = {
+        "mode": "nearest",
+        "coordinate_transformation_mode": "half_pixel",
+        "nearest_mode": "round_prefer_floor",
+        "cubic_coeff_a": -0.75,
+        "exclude_outside": False,
+        "extrapolation_value": 0.0,
+        "antialias": False,
+        "axes": [],
+        "keep_aspect_ratio_policy": "stretch",
+    }
+    no_grad_inputs = ("Roi", "Scales", "Sizes")
+
+    def infer(X, Roi, Scales, Sizes, **attrs):
+        for name, allowed in (
+            ("mode", _RESIZE_MODES),
+            ("coordinate_transformation_mode", _COORDINATE_MODES),
+            ("nearest_mode", _NEAREST_MODES),
+            ("keep_aspect_ratio_policy", ("stretch", "not_larger", "not_smaller")),
+        ):
+            if attrs[name] not in allowed:
+                raise AttrError(f"{name} must be one of {list(allowed)}, got '{attrs[name]}'")
+        _require_ints(Sizes, "Sizes")
+        return VarInfo((-1,) * X.ndim, X.dtype)
+
+    def forward(X, Roi, Scales, Sizes, **attrs):
+        y = X.astype(np.float64)
+        outside = np.zeros((), bool)
+        for axis, index, weights, out_of_range in _resize_plan(X, Roi, Scales, Sizes, attrs):
+            y = _along(y, axis, index, weights)
+            if out_of_range is not None:
+                shape = [1] * y.ndim
+                shape[axis] = -1
+                outside = outside | out_of_range.reshape(shape)
+        y = np.where(outside, attrs["extrapolation_value"], y)
+        if X.dtype.kind in "iu":
+            info = np.iinfo(X.dtype)
+            y = np.clip(np.round(y), info.min, info.max)
+        return y.astype(X.dtype)
+
+    def backward(X, Roi, Scales, Sizes, Out, Out_grad, **attrs):
+        plan = _resize_plan(X, Roi, Scales, Sizes, attrs)
+        shapes = [X.shape]  # each step's input shape
+        for axis, index, _, _ in plan[:-1]:
+            shapes.append(shapes[-1][:axis] + (len(index),) + shapes[-1][axis + 1 :])
+        grad = Out_grad.astype(np.float64)
+        outside = np.zeros((), bool)
+        for axis, _, _, out_of_range in plan:
+            if out_of_range is not None:
+                shape = [1] * grad.ndim
+                shape[axis] = -1
+                outside = outside | out_of_range.reshape(shape)
+        grad = np.where(outside, 0.0, grad)
+        for (axis, index, weights, _), shape in zip(reversed(plan), reversed(shapes)):
+            moved = np.moveaxis(grad, axis, 0)
+            spread = moved[:, None] * weights.reshape(weights.shape + (1,) * (moved.ndim - 1))
+            back = np.zeros((shape[axis],) + moved.shape[1:])
+            np.add.at(back, index, spread)
+            grad = np.moveaxis(back, 0, axis)
+        return (grad.astype(X.dtype),)
+
+
 __all__ = [
+    "onnx_resize",
     "onnx_cumsum",
     "onnx_einsum",
     "onnx_gather_elements",

@@ -521,6 +521,107 @@ CASES += [
 ]
 
 
+def _interp_axis(x, axis, positions):
+    """Linear interpolation of x along `axis` at `positions` (edge values outside)."""
+    grid = np.arange(x.shape[axis])
+    return np.apply_along_axis(lambda row: np.interp(positions, grid, row), axis, x)
+
+
+def ref_resize_linear(X, Scales=None, Sizes=None, Roi=None, **attrs):
+    """Linear resize of the last two dims, half_pixel or align_corners coordinates."""
+    out = X.astype(np.float64)
+    sizes = (
+        Sizes[-2:] if Sizes is not None else [int(s * n) for s, n in zip(Scales[-2:], X.shape[-2:])]
+    )
+    for axis, (n, size) in zip((-2, -1), zip(X.shape[-2:], sizes)):
+        i = np.arange(size)
+        if attrs.get("coordinate_transformation_mode") == "align_corners":
+            positions = i * (n - 1) / max(size - 1, 1)
+        else:
+            positions = (i + 0.5) * n / size - 0.5
+        out = _interp_axis(out, axis, positions)
+    return {"Out": out.astype(X.dtype)}
+
+
+def ref_resize_onnx(X, Roi=None, Scales=None, Sizes=None, **attrs):
+    """ONNX's own reference implementation (onnx.reference)."""
+    op_resize = pytest.importorskip("onnx.reference.ops.op_resize")
+    run = op_resize.Resize._run
+    none = np.zeros(0, np.float32)
+    args = (X, none if Roi is None else Roi, Scales, Sizes)
+    axes = attrs.pop("axes", []) or None
+    (out,) = run(None, *args, axes=axes, **attrs)
+    return {"Out": out}
+
+
+_RESIZE_DEFAULTS = {
+    "coordinate_transformation_mode": "half_pixel",
+    "nearest_mode": "round_prefer_floor",
+    "cubic_coeff_a": -0.75,
+    "exclude_outside": False,
+    "extrapolation_value": 0.0,
+    "antialias": False,
+    "keep_aspect_ratio_policy": "stretch",
+}
+
+CASES += [
+    OpCase(
+        "onnx_resize",
+        {"X": rand(1, 2, 3, 4), "Scales": np.asarray([1, 1, 2, 1.5], np.float32)},
+        ref_resize_linear,
+        {"mode": "linear"},
+        grad=("X",),
+        id="resize_linear_half_pixel_up",
+    ),
+    OpCase(
+        "onnx_resize",
+        {"X": rand(2, 1, 5, 4), "Sizes": ints(2, 1, 3, 7)},
+        ref_resize_linear,
+        {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+        grad=("X",),
+        id="resize_linear_align_corners_sizes",
+    ),
+    OpCase(
+        "onnx_resize",
+        {
+            "X": np.arange(6, dtype=np.int32).reshape(1, 1, 2, 3),
+            "Scales": np.asarray([1, 1, 2, 2], np.float32),
+        },
+        lambda X, Scales, **a: {"Out": X.repeat(2, axis=2).repeat(2, axis=3)},
+        {
+            "mode": "nearest",
+            "coordinate_transformation_mode": "asymmetric",
+            "nearest_mode": "floor",
+        },
+        id="resize_nearest_int_keeps_values",
+    ),
+    *[
+        OpCase(
+            "onnx_resize",
+            {"X": rand(1, 1, 6, 5), "Roi": np.asarray(roi, np.float32), "Sizes": ints(1, 1, 4, 3)},
+            ref_resize_onnx,
+            {**_RESIZE_DEFAULTS, **attrs, "axes": []},
+            grad=("X",),
+            id=name,
+        )
+        for name, roi, attrs in [
+            ("resize_cubic_exclude_outside", [], {"mode": "cubic", "exclude_outside": True}),
+            ("resize_cubic_antialias_down", [], {"mode": "cubic", "antialias": True}),
+            ("resize_linear_antialias_down", [], {"mode": "linear", "antialias": True}),
+            (
+                "resize_tf_crop_and_resize_extrapolates",
+                [0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3],
+                {
+                    "mode": "linear",
+                    "coordinate_transformation_mode": "tf_crop_and_resize",
+                    "extrapolation_value": 9.0,
+                },
+            ),
+        ]
+    ],
+]
+
+
 def _scatter_reference(X, Index, Updates, axis, reduction):
     out = X.copy()
     for position in np.ndindex(Index.shape):

@@ -464,3 +464,40 @@ def conv_transpose(node: Node) -> None:
     if node.has_input(2):
         y = node.op("elementwise_add", {"X": y, "Y": node.input(2)}, {"axis": 1})
     _from_4d(node, y, dims)
+
+
+# ---- resizing ----
+
+
+@mapper("Resize", "Upsample")
+def resize(node: Node) -> None:
+    """onnx_resize; Resize before opset 11 and Upsample take scales only and compute as
+    "asymmetric" coordinates with nearest rounding down (their only definition)."""
+    mode = node.attr("mode", "nearest")
+    mode = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
+    x = node.input(0)
+    if node.op_type == "Upsample" or node.opset < 11:
+        attrs = {
+            "mode": mode,
+            "coordinate_transformation_mode": "asymmetric",
+            "nearest_mode": "floor",
+        }
+        if node.has_attr("scales"):  # Upsample-7
+            scales = node.constant(np.asarray(node.attr("scales"), np.float32))
+        else:
+            scales = node.input(1)
+        node.op("onnx_resize", {"X": x, "Scales": scales}, attrs, out=0)
+        return
+    attrs = {
+        "mode": mode,
+        "coordinate_transformation_mode": node.attr("coordinate_transformation_mode", "half_pixel"),
+        "nearest_mode": node.attr("nearest_mode", "round_prefer_floor"),
+        "cubic_coeff_a": node.attr("cubic_coeff_a", -0.75),
+        "exclude_outside": bool(node.attr("exclude_outside", 0)),
+        "extrapolation_value": node.attr("extrapolation_value", 0.0),
+        "antialias": bool(node.attr("antialias", 0)),
+        "axes": node.attr("axes", []),
+        "keep_aspect_ratio_policy": node.attr("keep_aspect_ratio_policy", "stretch"),
+    }
+    inputs = {"X": x, "Roi": node.input(1), "Scales": node.input(2), "Sizes": node.input(3)}
+    node.op("onnx_resize", inputs, attrs, out=0)
