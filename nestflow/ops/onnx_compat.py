@@ -617,6 +617,57 @@ class onnx_mod:
             return np.asarray(np.fmod(X, Y) if fmod else np.mod(X, Y))
 
 
+# ---- integer bit operations ----
+
+
+def _require_integers(X: VarInfo, op: str) -> VarInfo:
+    if np.dtype(X.dtype).kind not in "iu":
+        raise DTypeError(f"{op} needs integer operands, got {X.dtype}")
+    return X
+
+
+def _bitwise(name: str, fn, doc: str) -> type:
+    """Register onnx_<name>: Out = fn(X, Y), integers of one dtype, broadcast."""
+
+    def infer(X, Y):
+        if X.dtype != Y.dtype:
+            raise DTypeError(f"X is {X.dtype} but Y is {Y.dtype}; cast one of them")
+        _require_integers(X, f"onnx_{name}")
+        return VarInfo(broadcast_shapes(X.shape, Y.shape), X.dtype)
+
+    def forward(X, Y):
+        return np.asarray(fn(X, Y))
+
+    body = {
+        "__doc__": doc,
+        "inputs": ("X", "Y"),
+        "outputs": ("Out",),
+        "infer": infer,
+        "forward": forward,
+    }
+    return register_op(type(f"onnx_{name}", (), body))
+
+
+_bitwise("bitwise_and", np.bitwise_and, "Out = X & Y (integers), broadcast.")
+_bitwise("bitwise_or", np.bitwise_or, "Out = X | Y (integers), broadcast.")
+_bitwise("bitwise_xor", np.bitwise_xor, "Out = X ^ Y (integers), broadcast.")
+_bitwise("shift_left", np.left_shift, "Out = X << Y (integers), broadcast.")
+_bitwise("shift_right", np.right_shift, "Out = X >> Y (integers), broadcast.")
+
+
+@register_op
+class onnx_bitwise_not:
+    """Out = ~X (integers)."""
+
+    inputs, outputs = ("X",), ("Out",)
+
+    def infer(X):
+        return _require_integers(X, "onnx_bitwise_not")
+
+    def forward(X):
+        return np.asarray(np.invert(X))
+
+
 # ---- triangles, cumulative sums, element-wise gathers and scatters ----
 
 
@@ -674,6 +725,35 @@ class onnx_cumsum:
 def _cumsum_attrs(X, Axis, exclusive: bool, reverse: bool) -> dict:
     (axis,) = _axes(_values(Axis)[:1], X.ndim, "onnx_cumsum")
     return {"axis": axis, "flatten": False, "exclusive": exclusive, "reverse": reverse}
+
+
+@register_op
+class onnx_cumprod:
+    """Out = running products of X along the axis held by Axis (a 1-element int tensor);
+    `exclusive` leaves each element out of its own product, `reverse` multiplies from the
+    end (ONNX CumProd)."""
+
+    inputs, outputs = ("X", "Axis"), ("Out",)
+    attrs = {"exclusive": False, "reverse": False}
+
+    def infer(X, Axis, exclusive, reverse):
+        _require_ints(Axis, "Axis")
+        if X.dtype == "bool":
+            raise DTypeError("X is bool; cast it to a number type first")
+        return X
+
+    def forward(X, Axis, exclusive, reverse):
+        (axis,) = _axes(_values(Axis)[:1], X.ndim, "onnx_cumprod")
+        x = np.flip(X, axis) if reverse else X
+        if exclusive:  # a 1 in front, the last element left out
+            ones = np.ones_like(np.take(x, [0], axis=axis))
+            x = (
+                np.concatenate([ones, np.delete(x, -1, axis=axis)], axis=axis)
+                if X.shape[axis]
+                else x
+            )
+        out = np.cumprod(x, axis=axis, dtype=X.dtype)
+        return np.flip(out, axis) if reverse else out
 
 
 def _element_index(X: np.ndarray, Index: np.ndarray, axis: int, what: str) -> tuple:
@@ -1042,6 +1122,8 @@ class onnx_resize:
 
 
 __all__ = [
+    "onnx_bitwise_not",
+    "onnx_cumprod",
     "onnx_resize",
     "onnx_cumsum",
     "onnx_einsum",

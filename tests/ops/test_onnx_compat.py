@@ -521,6 +521,47 @@ CASES += [
 ]
 
 
+CASES += [
+    OpCase(
+        f"onnx_{name}",
+        {"X": np.asarray([[12, 5], [7, 0]], dtype), "Y": np.asarray([3, 1], dtype)},
+        lambda X, Y, fn=fn: {"Out": fn(X, Y)},
+        id=f"{name}_{dtype}",
+    )
+    for name, fn in (
+        ("bitwise_and", np.bitwise_and),
+        ("bitwise_or", np.bitwise_or),
+        ("bitwise_xor", np.bitwise_xor),
+        ("shift_left", np.left_shift),
+        ("shift_right", np.right_shift),
+    )
+    for dtype in ("uint8", "int64")
+]
+CASES += [
+    OpCase(
+        "onnx_bitwise_not",
+        {"X": np.asarray([0, 1, 255], np.uint8)},
+        lambda X: {"Out": np.invert(X)},
+        id="bitwise_not",
+    ),
+    OpCase(
+        "onnx_cumprod",
+        {"X": np.asarray([[1, 2, 3], [4, 5, 6]], np.int64), "Axis": ints(1)},
+        lambda X, Axis, exclusive=False, reverse=False: {
+            "Out": np.asarray([[6, 3, 1], [30, 6, 1]], np.int64)
+        },
+        {"exclusive": True, "reverse": True},
+        id="cumprod_exclusive_reverse",
+    ),
+    OpCase(
+        "onnx_cumprod",
+        {"X": rand(2, 3), "Axis": ints(0)},
+        lambda X, Axis, **a: {"Out": np.cumprod(X, axis=0)},
+        id="cumprod",
+    ),
+]
+
+
 def _interp_axis(x, axis, positions):
     """Linear interpolation of x along `axis` at `positions` (edge values outside)."""
     grid = np.arange(x.shape[axis])

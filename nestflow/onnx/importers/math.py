@@ -321,3 +321,26 @@ def hardmax(node: Node) -> None:
     if node.graph.info(y).ndim != node.rank(0):  # the coerced 2-D form: back to X's shape
         y = node.op("reshape", {"X": y}, {"shape": list(node.shape(0))})
     node.set_output(0, y)
+
+
+_BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
+
+
+@mapper(*_BITWISE)
+def bitwise(node: Node) -> None:
+    inputs = {"X": node.input(0), "Y": node.input(1)}
+    node.op(f"onnx_{_BITWISE[node.op_type]}", inputs, out=0)
+
+
+@mapper("BitwiseNot")
+def bitwise_not(node: Node) -> None:
+    node.op("onnx_bitwise_not", {"X": node.input(0)}, out=0)
+
+
+@mapper("BitShift")
+def bit_shift(node: Node) -> None:
+    direction = node.attr("direction")
+    if direction not in ("LEFT", "RIGHT"):
+        raise node.unsupported(f"BitShift direction '{direction}'")
+    op_type = "onnx_shift_left" if direction == "LEFT" else "onnx_shift_right"
+    node.op(op_type, {"X": node.input(0), "Y": node.input(1)}, out=0)

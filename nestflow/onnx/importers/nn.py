@@ -501,3 +501,60 @@ def resize(node: Node) -> None:
     }
     inputs = {"X": x, "Roi": node.input(1), "Scales": node.input(2), "Sizes": node.input(3)}
     node.op("onnx_resize", inputs, attrs, out=0)
+
+
+@mapper("RMSNormalization")
+def rms_normalization(node: Node) -> None:
+    """Y = X / sqrt(mean(X^2 over the dims from `axis` on) + epsilon) * scale (computed in
+    float32 for float16 X: stash_type 1)."""
+    x, dtype, rank = node.input(0), node.dtype(0), node.rank(0)
+    if node.attr("stash_type", 1) != 1:
+        raise node.unsupported(f"stash_type {node.attr('stash_type')}")
+    if dtype == "float16":
+        x = node.op("cast", {"X": x}, {"out_dtype": "float32"})
+    axes = list(range(node.attr("axis", -1) % rank, rank))
+    mean_square = node.op(
+        "reduce_mean", {"X": node.op("square", {"X": x})}, {"dim": axes, "keep_dim": True}
+    )
+    inv_rms = node.op(
+        "rsqrt", {"X": node.op("scale", {"X": mean_square}, {"bias": node.attr("epsilon", 1e-5)})}
+    )
+    normed = node.op("elementwise_mul", {"X": x, "Y": inv_rms})
+    if dtype == "float16":
+        normed = node.op("cast", {"X": normed}, {"out_dtype": dtype})
+    node.op("elementwise_mul", {"X": normed, "Y": node.input(1)}, out=0)
+
+
+@mapper("LpPool", "GlobalLpPool")
+def lp_pool(node: Node) -> None:
+    """(sum of |X|^p over each window)^(1/p): an average pool (padding counted, as zeros)
+    of |X|^p times the window size."""
+    p = float(node.attr("p", 2))
+    x = node.input(0)
+    powered = node.op("pow", {"X": node.op("abs", {"X": x})}, {"factor": p})
+    rank = node.rank(0)
+    if node.op_type == "GlobalLpPool":
+        total = node.op(
+            "reduce_sum", {"X": powered}, {"dim": list(range(2, rank)), "keep_dim": True}
+        )
+    else:
+        x_shape = node.shape(0)
+        dims = _spatial_dims(node, rank)
+        kernel = node.attr("kernel_shape")
+        geometry = _spatial_attrs(node, x_shape, kernel)
+        if any(d != 1 for d in geometry["dilations"]):
+            raise node.unsupported(f"LpPool with dilations {geometry['dilations']}")
+        flat = _as_2d(geometry, dims)
+        attrs = {
+            "pooling_type": "avg",
+            "ksize": list(kernel) if dims == 2 else [1, *kernel],
+            "strides": flat["strides"],
+            "paddings": flat["paddings"],
+            "ceil_mode": _ceil_mode(node, x_shape, geometry, kernel),
+            "exclusive": False,
+        }
+        mean = node.op("pool2d", {"X": _to_4d(node, powered, dims)}, attrs)
+        total = node.op("scale", {"X": mean}, {"scale": float(np.prod(kernel))})
+        if dims == 1:
+            total = node.op("squeeze", {"X": total}, {"axes": [2]})
+    node.op("pow", {"X": total}, {"factor": 1.0 / p}, out=0)

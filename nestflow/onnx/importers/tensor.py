@@ -363,3 +363,9 @@ def depth_to_space(node: Node) -> None:
     parts = node.op("reshape", {"X": node.input(0)}, {"shape": split})
     moved = node.op("transpose", {"X": parts}, {"axis": perm})
     node.op("reshape", {"X": moved}, {"shape": target}, out=0)
+
+
+@mapper("CumProd")
+def cumprod(node: Node) -> None:
+    attrs = {"exclusive": bool(node.attr("exclusive", 0)), "reverse": bool(node.attr("reverse", 0))}
+    node.op("onnx_cumprod", {"X": node.input(0), "Axis": node.input(1)}, attrs, out=0)
