@@ -1,12 +1,23 @@
-"""Ops for ONNX semantics that nestflow's Fluid-style ops do not compose: what the ONNX
-importer (nestflow.onnx) emits where an ONNX operand that Fluid takes as an attribute (a
-shape, axes, pads, repeats, split sizes) is only known at run time, plus erf and log_softmax.
+"""Ops for ONNX semantics that nestflow's Fluid-style ops do not compose, which the ONNX
+importer (nestflow.onnx) emits:
+
+- an ONNX operand that Fluid takes as an attribute (a shape, axes, pads, repeats, split
+  sizes) but that is only known at run time: onnx_reshape, onnx_constant_of_shape,
+  onnx_unsqueeze, onnx_squeeze, onnx_tile, onnx_slice, onnx_split, onnx_pad (also its reflect,
+  edge and wrap modes), onnx_reduce, onnx_cumsum;
+- ONNX indexing rules (negative indices, element-wise gathers and scatters): onnx_gather,
+  onnx_gather_elements, onnx_scatter_elements, onnx_scatter_nd, onnx_one_hot;
+- math NumPy has and Fluid 1.x does not: onnx_erf, onnx_log_softmax, onnx_floor/ceil/round,
+  trigonometric and hyperbolic functions, onnx_isnan/isinf, onnx_mod, onnx_trilu,
+  onnx_cumprod, onnx_einsum, integer bit operations, onnx_resize.
 
 Each op reads its attribute-like tensors (int64 or int32, any shape holding the values) when
 it runs, with ONNX's rules: negative axes count from the end, Slice clamps its bounds, Gather
 takes negative indices. Names carry the `onnx_` prefix so that they never clash with a Fluid
 op of the same name; the importer uses Fluid's ops (reshape, slice, pad, squeeze, ...) when
-those values are known at import.
+those values are known at import. Ops with a gradient have it (checked by central differences
+in tests/ops/test_onnx_compat.py); integer and selection ops (mod, bit operations, isnan,
+scatters, one_hot, cumprod, einsum) have none.
 """
 
 from __future__ import annotations

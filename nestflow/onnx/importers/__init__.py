@@ -4,6 +4,7 @@ MAPPERS (ONNX op type -> mapper function)."""
 from nestflow.onnx.importers import (  # noqa: F401  (registers the mappers)
     control_flow,
     logic,
+    loss,
     math,
     nn,
     reduce,
