@@ -87,11 +87,18 @@ def load(
     shapes replacing the declared ones (-1 or None: any size).
 
     Raises ProgramDecodeError, UnknownOpError, AttrError, DTypeError or ShapeError (see the
-    module docstring); nothing is put into `scope` when the import fails.
+    module docstring); nothing is put into `scope` when the import fails. ModuleNotFoundError
+    when the onnx package is missing (pip install 'nestflow[onnx]').
 
     >>> import onnx, nestflow as nf                                       # doctest: +SKIP
     >>> program, feeds, fetches = nf.onnx.load("model.onnx", nf.Scope())  # doctest: +SKIP
     """
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        raise ModuleNotFoundError(
+            "nf.onnx.load needs the onnx package: pip install 'nestflow[onnx]'"
+        ) from None
     proto = read_model(model)
     opset = default_opset(proto)
     if scope is None:

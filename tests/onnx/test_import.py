@@ -517,3 +517,21 @@ def test_batch_norm_after_a_constant_convolution_folds_into_it():
     program = check_against_reference(conv_bn_model(True), {"x": x}, rtol=1e-4, atol=1e-5)
     ops = [op.type for op in program.global_block().ops]
     assert ops == ["conv2d", "elementwise_add", "batch_norm"]
+
+
+def test_without_the_onnx_package_nestflow_imports_and_load_says_what_to_install():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['onnx'] = None\n"
+        "import nestflow as nf\n"
+        "assert nf.ops.has_op('onnx_reshape')\n"
+        "try:\n"
+        "    nf.onnx.load(b'', nf.Scope())\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'nestflow[onnx]'" in done.stdout
