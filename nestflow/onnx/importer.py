@@ -138,6 +138,13 @@ def read_model(model: Any):
         )
     if not proto.HasField("graph"):
         raise ProgramDecodeError("the ONNX model has no graph (is this an .onnx file?)")
+    if len(proto.functions):  # model-local functions (torch's dynamo exporter makes them)
+        from onnx.inliner import inline_local_functions
+
+        try:
+            proto = inline_local_functions(proto)
+        except Exception as exc:
+            raise ProgramDecodeError(f"the model's local functions do not inline: {exc}") from None
     return proto
 
 

@@ -535,3 +535,26 @@ def test_without_the_onnx_package_nestflow_imports_and_load_says_what_to_install
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "pip install 'nestflow[onnx]'" in done.stdout
+
+
+def test_model_local_functions_are_inlined():
+    function = helper.make_function(
+        "custom.domain",
+        "Square",
+        ["a"],
+        ["b"],
+        [helper.make_node("Mul", ["a", "a"], ["b"])],
+        [helper.make_opsetid("", 17)],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Square", ["x"], ["y"], domain="custom.domain")],
+        "g",
+        [tensor("x", [3])],
+        [tensor("y", [3])],
+    )
+    proto = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom.domain", 1)],
+        functions=[function],
+    )
+    check_against_reference(proto, {"x": np.asarray([1.0, -2.0, 3.0], np.float32)})
