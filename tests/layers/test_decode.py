@@ -363,3 +363,35 @@ def test_logits_of_the_wrong_shape_are_build_time_errors():
     _raises_here(
         ShapeError, "vocabulary size .* must be known", lambda: L.dynamic_decode(unknown, inits=h0)
     )
+
+
+class CountDown(L.Decoder):
+    """Emits n - 1, n - 2, ...; a row has finished once its count is below 1. It does not
+    track its own finished state: dynamic_decode does."""
+
+    def initialize(self, n):
+        return n, n, L.less_than(n, L.fill_constant([1], "int64", 1))
+
+    def step(self, time, inputs, states):
+        left = states - 1
+        return left, left, left, L.less_than(left, L.fill_constant([1], "int64", 1))
+
+
+@pytest.mark.parametrize("impute", [False, True])
+def test_a_decoder_without_its_own_finished_state(impute):
+    """dynamic_decode ors `finished` over the steps, counts each row's steps until it has
+    finished, and with impute_finished keeps a finished row's states."""
+    n = L.data("n", [-1], "int64")
+    outputs, final, lengths = L.dynamic_decode(
+        CountDown(), inits=n, impute_finished=impute, return_length=True
+    )
+    got, state, steps = nf.Executor().run(
+        feed={"n": np.array([2, 4, 1])}, fetch_list=[outputs, final, lengths]
+    )
+    if impute:  # a finished row's state stays 0, so its later outputs repeat -1
+        assert got.tolist() == [[1, 0, -1, -1], [3, 2, 1, 0], [0, -1, -1, -1]]
+        assert state.tolist() == [0, 0, 0]
+    else:
+        assert got.tolist() == [[1, 0, -1, -2], [3, 2, 1, 0], [0, -1, -2, -3]]
+        assert state.tolist() == [-2, 0, -3]
+    assert steps.tolist() == [2, 4, 1]
