@@ -191,15 +191,19 @@ class Executor:
                 and value.dtype is known[1]
                 and value.shape == known[2]
             ):
-                env[known[0]] = value
+                if known[0] is None:  # fed but read by no op: kept for a fetch
+                    fed_only = fed_only or {}
+                    fed_only[name] = value
+                else:
+                    env[known[0]] = value
                 continue
             name, array = checked_feed(block, name, value)
             slot = slot_of.get(name)
             if slot is None:
                 fed_only = fed_only or {}
                 fed_only[name] = array
-                continue
-            env[slot] = array
+            else:
+                env[slot] = array
             accepted[name] = (slot, array.dtype, array.shape)
         return fed_only
 
