@@ -3,11 +3,13 @@
 Slots, attrs and defaults are Fluid 1.8's. Convolutions run on three primitives shared by both
 directions: `_conv`, `_conv_input_grad` and `_conv_filter_grad`; conv2d_transpose is conv2d's
 data gradient run forwards, so it reuses them with the roles swapped. Each picks its kernels by
-`_kernel`: Winograd F(4x4, 3x3) for 3x3 stride-1 filters (nestflow/ops/winograd.py), one GEMM
-per image for 1x1 filters on large images, and otherwise im2col (each kernel offset's strided
-view of the padded input copied into one [C/g*kh*kw, OH*OW*N] array per group, then one GEMM;
-its gradient's col2im adds each offset's columns back into a strided slice). The forward's
-columns are kept for the filter gradient (`_ColumnsMemo`). Pooling loops over the kh*kw kernel
+`_kernel`: Winograd F(4x4, 3x3) for 3x3 stride-1 filters over enough output blocks
+(nestflow/ops/winograd.py), one GEMM per image for 1x1 filters on large images, and otherwise
+im2col (each kernel offset's strided view of the padded input copied into one
+[C/g*kh*kw, OH*OW*N] array per group, then one GEMM; its gradient's col2im adds each offset's
+columns back into a strided slice). im2col keeps the batch innermost ([C, H, W, N]) for stride
+1 and second ([C, N, H, W]) for larger strides (`_Layout`). The forward's columns are kept for
+the filter gradient (`_ColumnsMemo`). Pooling loops over the kh*kw kernel
 offsets, each a vectorised operation on a strided view; no kernel loops over batch, channels or
 pixels in Python.
 
@@ -154,44 +156,100 @@ def _padded(x: np.ndarray, pads, value: float = 0.0) -> np.ndarray:
     return out
 
 
-def _batch_last(x: np.ndarray, pads) -> np.ndarray:
-    """x [N, C, H, W] as [C, H, W, N] zero-padded by pads. The im2col kernels work on this
-    layout: with the batch innermost, every kernel offset's strided copy or sum moves runs of
-    OW * N contiguous elements, where NCHW gives runs of OW (a few elements on small images)."""
-    xt = x.transpose(1, 2, 3, 0)
-    top, bottom, left, right = pads
-    c, h, w, n = xt.shape
-    out = np.zeros((c, h + top + bottom, w + left + right, n), x.dtype)
-    out[:, top : top + h, left : left + w] = xt
+@dataclass(frozen=True)
+class _Layout:
+    """Where the im2col kernels keep the batch axis: [C, H, W, N] (batch_last) or
+    [C, N, H, W]. With the batch innermost a stride-1 kernel offset's strided copy or sum
+    moves runs of OW * N contiguous elements, where NCHW gives runs of OW (a few elements on
+    small images); with a stride above 1 those runs shrink to N elements (single ones at
+    batch 1), so strided convs keep the batch second, where the copies move runs of OW and
+    the GEMM's [M, N, OH, OW] output goes back to NCHW in runs of OH * OW."""
+
+    batch_last: bool
+
+    def shape(self, n: int, hw) -> tuple[int, ...]:
+        """The axes after the channels: (H, W, N) or (N, H, W)."""
+        return tuple(hw) + (n,) if self.batch_last else (n,) + tuple(hw)
+
+    def arrange(self, x: np.ndarray, pads) -> np.ndarray:
+        """x [N, C, H, W] in this layout, zero-padded by pads (top, bottom, left, right)."""
+        top, bottom, left, right = pads
+        n, c, h, w = x.shape
+        out = np.zeros((c,) + self.shape(n, (h + top + bottom, w + left + right)), x.dtype)
+        self.window(out, top, left, (1, 1), (h, w))[...] = self.from_nchw(x)
+        return out
+
+    def window(self, a: np.ndarray, top: int, left: int, strides, out_hw) -> np.ndarray:
+        """The strided view of a's pixels (top + s_h * i, left + s_w * j), i < OH, j < OW."""
+        (sh, sw), (oh, ow) = strides, out_hw
+        rows = slice(top, top + sh * (oh - 1) + 1, sh)
+        cols = slice(left, left + sw * (ow - 1) + 1, sw)
+        return a[:, rows, cols] if self.batch_last else a[:, :, rows, cols]
+
+    def from_nchw(self, a: np.ndarray) -> np.ndarray:
+        """[N, C, H, W] as a view in this layout."""
+        return a.transpose(1, 2, 3, 0) if self.batch_last else a.transpose(1, 0, 2, 3)
+
+    def to_nchw(self, a: np.ndarray) -> np.ndarray:
+        """[C, ...] in this layout as a contiguous [N, C, H, W]."""
+        return np.ascontiguousarray(
+            a.transpose(3, 0, 1, 2) if self.batch_last else a.transpose(1, 0, 2, 3)
+        )
+
+
+def _layout(geo: _ConvGeometry) -> _Layout:
+    return _Layout(batch_last=geo.strides == (1, 1))
+
+
+def _phases(xt: np.ndarray, strides) -> np.ndarray:
+    """xt [C, N, Hp, Wp] split by stride phase: [sh, sw, C, N, ceil(Hp / sh), ceil(Wp / sw)],
+    phase (a, b) holding xt's pixels (a + sh * i, b + sw * j). A strided conv's kernel offset
+    (p, q) then reads phase (p % sh, q % sw) from (p // sh, q // sw) with stride 1: its copy
+    moves contiguous runs of OW, where the strided view reads every sh-th element."""
+    (sh, sw), (c, n, hp, wp) = strides, xt.shape
+    ph, pw = -(-hp // sh), -(-wp // sw)
+    out = np.zeros((sh, sw, c, n, ph, pw), xt.dtype)
+    for a in range(sh):
+        for b in range(sw):
+            view = xt[:, :, a::sh, b::sw]
+            out[a, b, :, :, : view.shape[2], : view.shape[3]] = view
     return out
 
 
-def _window_hw(x: np.ndarray, top: int, left: int, strides, out_hw) -> np.ndarray:
-    """_window over the middle axes of [C, H, W, N]."""
-    (sh, sw), (oh, ow) = strides, out_hw
-    return x[:, top : top + sh * (oh - 1) + 1 : sh, left : left + sw * (ow - 1) + 1 : sw]
-
-
-def _im2col(xt: np.ndarray, k_hw, strides, dilations, out_hw) -> np.ndarray:
-    """Columns [C, kh, kw, OH, OW, N] of the padded input xt [C, Hp, Wp, N]: one strided copy
-    per kernel offset."""
-    (kh, kw), (dh, dw) = k_hw, dilations
-    cols = np.empty(xt.shape[:1] + (kh, kw) + tuple(out_hw) + xt.shape[3:], xt.dtype)
+def _im2col(xt: np.ndarray, k_hw, geo: _ConvGeometry, out_hw) -> np.ndarray:
+    """Columns [C, kh, kw, *layout.shape(N, (OH, OW))] of the padded input xt in
+    _layout(geo): one copy per kernel offset (read from _phases for a stride above 1)."""
+    (kh, kw), (dh, dw), layout = k_hw, geo.dilations, _layout(geo)
+    n = xt.shape[3] if layout.batch_last else xt.shape[1]
+    cols = np.empty(xt.shape[:1] + (kh, kw) + layout.shape(n, out_hw), xt.dtype)
+    (sh, sw), (oh, ow) = geo.strides, out_hw
+    # the phase split costs one copy of the input: worth it when many offsets read it (a 7x7
+    # stride-2 conv's im2col takes a third less time; a 3x3 one's gains little)
+    split = not layout.batch_last and kh * kw >= 4 * sh * sw
+    phases = _phases(xt, geo.strides) if split else None
     for i in range(kh):
         for j in range(kw):
-            cols[:, i, j] = _window_hw(xt, i * dh, j * dw, strides, out_hw)
+            if phases is None:
+                cols[:, i, j] = layout.window(xt, i * dh, j * dw, geo.strides, out_hw)
+                continue
+            (top, a), (left, b) = divmod(i * dh, sh), divmod(j * dw, sw)
+            cols[:, i, j] = phases[a, b, :, :, top : top + oh, left : left + ow]
     return cols
 
 
-def _col2im(cols: np.ndarray, padded_hw, strides, dilations) -> np.ndarray:
-    """The adjoint of _im2col: [C, kh, kw, OH, OW, N] summed into a zero [C, Hp, Wp, N]."""
-    c, kh, kw, oh, ow, n = cols.shape
-    if (kh, kw) == (1, 1) and tuple(strides) == (1, 1) and (oh, ow) == tuple(padded_hw):
+def _col2im(cols: np.ndarray, padded_hw, geo: _ConvGeometry, out_hw) -> np.ndarray:
+    """The adjoint of _im2col: the columns summed into a zero padded input."""
+    layout = _layout(geo)
+    c, kh, kw = cols.shape[:3]
+    n = cols.shape[5] if layout.batch_last else cols.shape[3]
+    if (kh, kw) == (1, 1) and geo.strides == (1, 1) and tuple(out_hw) == tuple(padded_hw):
         return cols[:, 0, 0]
-    out = np.zeros((c,) + tuple(padded_hw) + (n,), cols.dtype)
+    out = np.zeros((c,) + layout.shape(n, padded_hw), cols.dtype)
     for i in range(kh):
         for j in range(kw):
-            view = _window_hw(out, i * dilations[0], j * dilations[1], strides, (oh, ow))
+            view = layout.window(
+                out, i * geo.dilations[0], j * geo.dilations[1], geo.strides, out_hw
+            )
             view += cols[:, i, j]
     return out
 
@@ -303,22 +361,18 @@ def _conv_geometry(attrs: dict, in_hw, k_hw) -> _ConvGeometry:
 
 
 def _columns(x: np.ndarray, k_hw, geo: _ConvGeometry, out_hw) -> np.ndarray:
-    """im2col of x [N, C, H, W]: [groups, C/g * kh * kw, OH * OW * N]."""
-    cols = _im2col(_batch_last(x, geo.pads), k_hw, geo.strides, geo.dilations, out_hw)
+    """im2col of x [N, C, H, W]: [groups, C/g * kh * kw, OH * OW * N] (pixels in
+    _layout(geo)'s order)."""
+    cols = _im2col(_layout(geo).arrange(x, geo.pads), k_hw, geo, out_hw)
     n, c = x.shape[:2]
     return cols.reshape(geo.groups, c // geo.groups * k_hw[0] * k_hw[1], math.prod(out_hw) * n)
 
 
-def _batch_first(y: np.ndarray) -> np.ndarray:
-    """[C, H, W, N] -> a contiguous [N, C, H, W]."""
-    return np.ascontiguousarray(y.transpose(3, 0, 1, 2))
-
-
-def _grouped_grad(grad: np.ndarray, groups: int) -> np.ndarray:
+def _grouped_grad(grad: np.ndarray, geo: _ConvGeometry) -> np.ndarray:
     """grad [N, M, OH, OW] as [groups, M/g, OH * OW * N], the im2col GEMMs' layout."""
     n, m, oh, ow = grad.shape
-    return np.ascontiguousarray(grad.transpose(1, 2, 3, 0)).reshape(
-        groups, m // groups, oh * ow * n
+    return np.ascontiguousarray(_layout(geo).from_nchw(grad)).reshape(
+        geo.groups, m // geo.groups, oh * ow * n
     )
 
 
@@ -327,10 +381,21 @@ def _grouped_grad(grad: np.ndarray, groups: int) -> np.ndarray:
 _POINTWISE_MIN_PIXELS = 256
 
 
-def _kernel(w_shape, geo: _ConvGeometry, out_hw, dtype) -> str:
-    """Which kernels compute a conv: "winograd" (3x3, stride 1), "pointwise" (1x1 stride 1
-    unpadded on large images) or "im2col" (everything else)."""
-    if winograd.applies(w_shape, geo.strides, geo.dilations, geo.groups, dtype):
+# Winograd runs on at least this many 4x4 output blocks (over the whole batch). Its filter
+# transform costs as much as the products on ~30 blocks, and its small-width GEMMs run slowly:
+# a 512-channel conv of one 7x7 image (4 blocks) takes 3x the im2col GEMM's time, one of 8
+# (32 blocks) 1.4x; at 64 blocks (e.g. one 28x28 image) the two are even.
+_WINOGRAD_MIN_BLOCKS = 64
+
+
+def _kernel(w_shape, geo: _ConvGeometry, out_hw, dtype, batch: int) -> str:
+    """Which kernels compute a conv of `batch` images with out_hw outputs each: "winograd"
+    (3x3, stride 1, enough 4x4 output blocks), "pointwise" (1x1 stride 1 unpadded on large
+    images) or "im2col" (everything else)."""
+    blocks = -(-out_hw[0] // 4) * -(-out_hw[1] // 4) * batch
+    if blocks >= _WINOGRAD_MIN_BLOCKS and winograd.applies(
+        w_shape, geo.strides, geo.dilations, geo.groups, dtype
+    ):
         return "winograd"
     pointwise = tuple(w_shape[2:]) == (1, 1) and geo.strides == (1, 1) and not any(geo.pads)
     if pointwise and out_hw[0] * out_hw[1] >= _POINTWISE_MIN_PIXELS:
@@ -352,18 +417,23 @@ def _conv(x: np.ndarray, w: np.ndarray, geo: _ConvGeometry) -> tuple[np.ndarray,
     m, cg, kh, kw = w.shape
     g = geo.groups
     out_hw = geo.out_hw(x.shape[2:], (kh, kw))
-    kernel = _kernel(w.shape, geo, out_hw, x.dtype)
+    kernel = _kernel(w.shape, geo, out_hw, x.dtype, x.shape[0])
     if kernel == "winograd":
         out, v = winograd.conv(x, w, geo.pads)
         return out, (("winograd", geo), v)
     if kernel == "pointwise":
         out = np.matmul(w.reshape(g, m // g, cg), _per_image(x, g))
         return out.reshape((x.shape[0], m) + out_hw), None
+    n = x.shape[0]
     cols = _columns(x, (kh, kw), geo, out_hw)
-    # [OH * OW * N, M/g] per group: OpenBLAS runs the product with few output rows slower
-    out = winograd.matmul_nt(np.swapaxes(cols, 1, 2), w.reshape(g, m // g, cg * kh * kw))
-    out = out.reshape((g,) + out_hw + (x.shape[0], m // g)).transpose(3, 0, 4, 1, 2)
-    return np.ascontiguousarray(out).reshape((x.shape[0], m) + out_hw), (((kh, kw), geo), cols)
+    filters = w.reshape(g, m // g, cg * kh * kw)
+    if _layout(geo).batch_last:
+        # [OH * OW * N, M/g] per group: OpenBLAS runs the product with few output rows slower
+        out = winograd.matmul_nt(np.swapaxes(cols, 1, 2), filters)
+        out = out.reshape((g,) + out_hw + (n, m // g)).transpose(3, 0, 4, 1, 2)
+    else:  # [M/g, N * OH * OW] per group (as fast here): NCHW in runs of OH * OW
+        out = np.matmul(filters, cols).reshape((g, m // g, n) + out_hw).transpose(2, 0, 1, 3, 4)
+    return np.ascontiguousarray(out).reshape((n, m) + out_hw), (((kh, kw), geo), cols)
 
 
 def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None) -> np.ndarray:
@@ -371,7 +441,7 @@ def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None
     grad_g: grad in _grouped_grad's layout, if the caller has it."""
     m, cg, kh, kw = w.shape
     g = geo.groups
-    kernel = _kernel(w.shape, geo, grad.shape[2:], grad.dtype)
+    kernel = _kernel(w.shape, geo, grad.shape[2:], grad.dtype, grad.shape[0])
     if kernel == "winograd":
         dx = winograd.input_grad(grad, w, geo.pads)
         if dx is not None:
@@ -379,13 +449,14 @@ def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None
     if kernel == "pointwise":
         dx = np.matmul(w.reshape(g, m // g, cg).transpose(0, 2, 1), _per_image(grad, g))
         return dx.reshape((grad.shape[0], g * cg) + tuple(in_hw))
-    grad_g = _grouped_grad(grad, g) if grad_g is None else grad_g
+    grad_g = _grouped_grad(grad, geo) if grad_g is None else grad_g
     wt = w.reshape(g, m // g, cg * kh * kw).transpose(0, 2, 1)
-    cols = np.matmul(wt, grad_g).reshape((g * cg, kh, kw) + grad.shape[2:] + grad.shape[:1])
+    layout, out_hw = _layout(geo), grad.shape[2:]
+    cols = np.matmul(wt, grad_g).reshape((g * cg, kh, kw) + layout.shape(grad.shape[0], out_hw))
     top, bottom, left, right = geo.pads
     h, wd = in_hw
-    padded = _col2im(cols, (h + top + bottom, wd + left + right), geo.strides, geo.dilations)
-    return _batch_first(padded[:, top : top + h, left : left + wd])
+    padded = _col2im(cols, (h + top + bottom, wd + left + right), geo, out_hw)
+    return layout.to_nchw(layout.window(padded, top, left, (1, 1), (h, wd)))
 
 
 def _reused(kept: tuple | None, tag: tuple) -> np.ndarray | None:
@@ -396,7 +467,7 @@ def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=N
     """d(conv)/d(filter) for input x [N, C, H, W] and grad [N, M, OH, OW]: w_shape.
     grad_g: grad in _grouped_grad's layout, if the caller has it; kept: what _conv returned
     for reuse, if the caller has it."""
-    kernel = _kernel(w_shape, geo, grad.shape[2:], x.dtype)
+    kernel = _kernel(w_shape, geo, grad.shape[2:], x.dtype, x.shape[0])
     if kernel == "winograd":
         v = _reused(kept, ("winograd", geo))
         if v is None:
@@ -409,7 +480,7 @@ def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=N
     cols = _reused(kept, (k_hw, geo))
     if cols is None:
         cols = _columns(x, k_hw, geo, grad.shape[2:])
-    grad_g = _grouped_grad(grad, geo.groups) if grad_g is None else grad_g
+    grad_g = _grouped_grad(grad, geo) if grad_g is None else grad_g
     return winograd.matmul_nt(grad_g, cols).reshape(w_shape)
 
 
@@ -482,8 +553,8 @@ def _conv_backward(Input, Filter, Output, Output_grad, relu_first: bool, attrs: 
         x = np.maximum(x, 0)
     geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
     # both gradients' im2col GEMMs read the gradient in one layout: rearrange it once
-    kernel = _kernel(Filter.shape, geo, grad.shape[2:], x.dtype)
-    shared = _grouped_grad(grad, geo.groups) if kernel == "im2col" else None
+    kernel = _kernel(Filter.shape, geo, grad.shape[2:], x.dtype, x.shape[0])
+    shared = _grouped_grad(grad, geo) if kernel == "im2col" else None
     dx = dw = None
     if needs[0]:
         dx = _conv_input_grad(grad, Filter, x.shape[2:], geo, shared)

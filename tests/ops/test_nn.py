@@ -473,9 +473,10 @@ def test_max_pool_ties_route_the_gradient_to_the_first_maximum():
 
 @pytest.fixture
 def winograd_for_any_channels(monkeypatch):
-    """Route every eligible conv (3x3, stride 1, one group) through Winograd; counts the
-    Winograd convolutions run."""
+    """Route every eligible conv (3x3, stride 1, one group) through Winograd, whatever its
+    channels and output size; counts the Winograd convolutions run."""
     monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
+    monkeypatch.setattr(nn_ops, "_WINOGRAD_MIN_BLOCKS", 0)
     calls = []
     conv = winograd.conv
 
@@ -520,11 +521,13 @@ def test_winograd_path(case, winograd_for_any_channels):
 
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 1e-4)])
 def test_winograd_at_its_channel_threshold_agrees_with_im2col(dtype, tol, monkeypatch):
-    """16 channels in and out take Winograd by default; the im2col kernels (checked above
-    against the references) must give the same output and gradients."""
-    x, w = normal(3, 16, 7, 6, dtype=dtype), normal(16, 16, 3, 3, dtype=dtype)
-    upstream = normal(3, 16, 7, 6, dtype=dtype)
-    assert winograd.applies(w.shape, (1, 1), (1, 1), 1, x.dtype)
+    """16 channels in and out over 64 output blocks take Winograd by default; the im2col
+    kernels (checked above against the references) must give the same output and
+    gradients."""
+    x, w = normal(4, 16, 16, 13, dtype=dtype), normal(16, 16, 3, 3, dtype=dtype)
+    upstream = normal(4, 16, 16, 13, dtype=dtype)
+    geo = nn_ops._ConvGeometry((1, 1), (1, 1, 1, 1), (1, 1), 1)
+    assert nn_ops._kernel(w.shape, geo, (16, 13), x.dtype, 4) == "winograd"
     inputs, attrs = {"Input": x, "Filter": w}, {"paddings": [1, 1]}
     out, grads = run_with_grads("conv2d", inputs, attrs, "Output", upstream)
     monkeypatch.setattr(winograd, "MIN_CHANNELS", 10**9)
@@ -534,6 +537,22 @@ def test_winograd_at_its_channel_threshold_agrees_with_im2col(dtype, tol, monkey
     ):
         assert got.dtype == np.dtype(dtype)
         np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.parametrize(
+    "batch,hw,kernel",
+    [
+        (1, (7, 7), "im2col"),
+        (15, (7, 7), "im2col"),
+        (16, (7, 7), "winograd"),
+        (1, (32, 29), "winograd"),
+    ],
+)
+def test_winograd_takes_only_convs_with_enough_output_blocks(batch, hw, kernel):
+    """Below _WINOGRAD_MIN_BLOCKS 4x4 output blocks (over the batch) im2col runs instead: the
+    filter transform and the narrow GEMMs cost more than they save there."""
+    geo = nn_ops._ConvGeometry((1, 1), (1, 1, 1, 1), (1, 1), 1)
+    assert nn_ops._kernel((32, 32, 3, 3), geo, hw, np.float32, batch) == kernel
 
 
 POINTWISE_CASES = [
@@ -554,7 +573,7 @@ def test_pointwise_path(case, monkeypatch):
         monkeypatch.setattr(nn_ops, "_POINTWISE_MIN_PIXELS", 1)
     geo = nn_ops._ConvGeometry((1, 1), (0, 0, 0, 0), (1, 1), case.attrs.get("groups", 1))
     filter_shape = case.inputs["Filter"].shape
-    assert nn_ops._kernel(filter_shape, geo, (16, 17), np.float64) == "pointwise"
+    assert nn_ops._kernel(filter_shape, geo, (16, 17), np.float64, 2) == "pointwise"
     case.check()
 
 
