@@ -23,7 +23,7 @@ from timing import TORCH_THREADS, markdown_table, measured, print_result, row, u
 WORKLOADS = {
     "w1": ("w1_mlp", "W1 MLP 784-512-512-10, batch 128, SGD"),
     "w2": ("w2_per_op", "W2 per-op cost of cheap ops, chains of 1000 on shape [4]"),
-    "w3": ("w3_rnn", "W3 tanh RNN T=32, batch 32, 64->128, train step"),
+    "w3": ("w3_rnn", "W3 tanh RNN T=32, batch 32, 64->128, train step, 1 thread"),
     "w4": ("w4_ifelse", "W4 per-row IfElse 1024x64, two fc branches, forward"),
     "w5": ("w5_run_overhead", "W5 one Executor.run (feed, 1 scale op, fetch)"),
     "w6": ("w6_peak_rss", "W6 peak RSS of W1 training"),

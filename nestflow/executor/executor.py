@@ -290,6 +290,11 @@ class Executor:
         frame.run()
         return frame
 
+    def step_runner(self, block: Block, parent: Frame, bound: Sequence[str]) -> StepRunner:
+        """A StepRunner: `block` run once per step of a loop op, with the names `bound` given
+        values at every step (what run_sub_block does, the per-name work done once)."""
+        return StepRunner(self, block, parent, bound)
+
     def eval(self, program: Program, targets, feed=None, scope=None) -> list[Any]:
         """Seed 002's Eval: prune `program` to what `targets` need, run that, return targets."""
         from nestflow.executor.prune import prune_cached
@@ -306,6 +311,62 @@ class Executor:
         arrays = (checked_feed(block, name, value) for name, value in feed_mapping(feed).items())
         feed = {name: a for name, a in arrays if kept.find_var(name) is not None}
         return self.run(small, feed=feed, fetch_list=targets, scope=scope)
+
+
+class StepRunner:
+    """Runs one sub-block step after step for a loop op (recurrent, recurrent_grad), each step
+    in its own step scope, all of them kids of one scope, with the same names bound each time.
+
+    What `run_sub_block(block, scope, values, parent, outer)` does, with the per-name work done
+    once: the bound names' slots, and each other input's source. An input a step scope holds
+    (a kept forward value) is read from it by index: step scopes kept by one loop share one
+    name -> index map. Anything else lies beyond the step scopes and is looked up once per
+    runner (nothing outside the loop op changes while it runs)."""
+
+    __slots__ = ("executor", "plan", "parent", "bound", "free", "remembered", "_map", "_reads")
+
+    def __init__(self, executor: Executor, block: Block, parent: Frame, bound: Sequence[str]):
+        plans = parent.plan.__dict__.setdefault("_sub_plans", {})
+        plan = plans.get(block.idx)
+        if plan is None or plan.block is not block:
+            plan = plans[block.idx] = BlockPlan(block)
+        self.executor, self.plan, self.parent = executor, plan, parent
+        slot_of = plan.slot_of
+        self.bound = [(i, slot_of[n]) for i, n in enumerate(bound) if n in slot_of]
+        bound_names = set(bound)
+        self.free = [(slot_of[n], n) for n in plan.external_inputs if n not in bound_names]
+        self.remembered: dict = {}
+        self._map: dict | None = None
+        self._reads: list = []
+
+    def run(self, scope: Scope, values: Sequence[Any]) -> Frame:
+        """Run the block in `scope` (a step scope) with `values` (none of them None) for the
+        bound names, in order; returns the finished frame."""
+        frame = Frame(self.plan, scope, self.executor, self.parent)
+        env = frame.env
+        for i, slot in self.bound:
+            env[slot] = values[i]
+        if self.free:
+            held = scope._held_only()
+            if held is None:  # the scope has Variables: the general lookup, name by name
+                for slot, name in self.free:
+                    if env[slot] is None:
+                        env[slot] = _lookup(frame, self.parent, name, self.remembered)
+            else:
+                index_of, held_values = held
+                if index_of is not self._map:
+                    self._map = index_of
+                    self._reads = [(slot, index_of.get(name), name) for slot, name in self.free]
+                remembered = self.remembered
+                for slot, index, name in self._reads:
+                    value = None if index is None else held_values[index]
+                    if value is None:
+                        value = remembered.get(name, remembered)
+                        if value is remembered:
+                            value = _lookup(frame, self.parent, name, remembered)
+                    env[slot] = value
+        frame.run()
+        return frame
 
 
 def _lookup(frame: Frame, parent: Frame, name: str, outer: dict | None = None) -> Any:

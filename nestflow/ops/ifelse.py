@@ -47,8 +47,13 @@ def scope_array(scope, name: str) -> Any:
 
 def store_step(frame, scope, bound: dict[str, Any]) -> None:
     """Keep the block's own variables and the values bound for this step in `scope`."""
-    plan = frame.plan
-    # One name -> slot map per block and set of bound names, shared by every step scope.
+    scope._hold(step_slots(frame.plan, bound), frame.env)  # frame.store_in_scope(scope, slots)
+
+
+def step_slots(plan, bound) -> dict[str, int]:
+    """The name -> env slot map of what a step scope keeps: the block's own variables and the
+    names bound for the step. One map per block and bound names, shared by every step scope
+    (a StepRunner reading kept values relies on that)."""
     cache = plan.__dict__.setdefault("_step_slots", {})
     key = tuple(bound)
     slots = cache.get(key)
@@ -56,7 +61,7 @@ def store_step(frame, scope, bound: dict[str, Any]) -> None:
         declared = [n for n in plan.names if n in plan.block.vars]
         names = declared + [n for n in bound if n not in declared and n in plan.slot_of]
         slots = cache[key] = {n: plan.slot_of[n] for n in names}
-    scope._hold(slots, frame.env)  # what frame.store_in_scope(scope, slots) does
+    return slots
 
 
 class GradSum:

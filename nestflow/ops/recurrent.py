@@ -31,10 +31,9 @@ from nestflow.framework.program import GRAD_SUFFIX, OpDesc
 from nestflow.ops.ifelse import (
     GradSum,
     check_block_attrs,
-    grad_value,
     scope_array,
     set_grads,
-    store_step,
+    step_slots,
 )
 from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
 from nestflow.ops.step_products import (
@@ -194,38 +193,41 @@ class recurrent:
         # Each output is written step by step into its [batch, steps, ...] array (a copy: the
         # outputs never alias a value kept in a step scope); rows past their length stay zero.
         stacked: list[np.ndarray | None] = [None] * len(outs)
-        run_block, remembered, new_scope = ctx.executor.run_sub_block, {}, ctx.scope.new_scope
-        slices = list(zip(in_names, sequences))
-        updated = list(zip(memories, updates))
+        # Bound at every step: each input's time slice, then each memory (a memory wins over an
+        # input of the same name, as the later binding).
+        bound_names = [*in_names, *memories]
+        runner = ctx.executor.step_runner(block, ctx.frame, bound_names)
+        slot_of = runner.plan.slot_of
+        kept = step_slots(runner.plan, dict.fromkeys(bound_names))
+        update_slots = [slot_of.get(u) for u in updates]
+        out_slots = [slot_of.get(o) for o in outs]
+        new_scope = ctx.scope.new_scope
+        updated = list(zip(memories, updates, update_slots))
+        written = list(enumerate(zip(outs, out_slots)))
         running = _running(lengths, steps)
-        plan = update_slots = out_slots = None
         for t in range(steps):
             active = running[t]
             scope = new_scope()
             scopes.append(scope)
-            bound = {name: value[:, t] for name, value in slices}
-            bound.update(current)
-            frame = run_block(block, scope, bound, ctx.frame, remembered)
-            store_step(frame, scope, bound)
-            if frame.plan is not plan:  # the step's slots, read once: the plan is one per run
-                plan = frame.plan
-                update_slots = [plan.slot_of.get(u) for u in updates]
-                out_slots = [plan.slot_of.get(o) for o in outs]
+            values = [value[:, t] for value in sequences]
+            values += [current[name] for name in memories]
+            frame = runner.run(scope, values)
             env = frame.env
-            for (name, update), slot in zip(updated, update_slots):
+            scope._hold(kept, env)
+            for name, update, slot in updated:
                 new = env[slot] if slot is not None else None
                 if new is None:
-                    new = _step_value(frame, bound, update)
+                    new = _step_value(frame, dict(zip(bound_names, values)), update)
                 old = current[name]
                 if type(new) is not np.ndarray or new.shape != old.shape:
                     new = _same_shape(new, old, name, update, t)
                 if active is not None:
                     new = np.where(_rows(active, new.ndim), new, old)
                 current[name] = new
-            for i, (name, slot) in enumerate(zip(outs, out_slots)):
+            for i, (name, slot) in written:
                 value = env[slot] if slot is not None else None
                 if value is None:
-                    value = _step_value(frame, bound, name)
+                    value = _step_value(frame, dict(zip(bound_names, values)), name)
                 if type(value) is not np.ndarray or not value.ndim or value.shape[0] != batch:
                     value = _as_rows(value, batch, name, "step output")
                 out = stacked[i]
@@ -375,8 +377,17 @@ class recurrent_grad:
         p_wanted = [(total, name) for total, name in zip(p_sums, attrs["param_grads"]) if name]
         deferred = deferred_products(attrs)
         p_wanted = [item for item in p_wanted if item[1] not in deferred]
-        run_block, parent, remembered = ctx.executor.run_sub_block, ctx.frame, {}
+        # Bound at every step: the seeds (a step output's gradient slice, a memory's gradient).
+        seed_names = list(dict.fromkeys([s for _, s, _ in seeded_outs + seeded_memories]))
+        runner = ctx.executor.step_runner(grad_block, ctx.frame, seed_names)
         running = _running(lengths, len(scopes))
+        slot_of = runner.plan.slot_of
+        # Where each gradient the loop reads after a step is: its slot in the step's gradient
+        # frame, else (a seed passed straight through) the seed bound to it.
+        memory_reads = [(name, slot_of.get(g), g) for name, _, g in seeded_memories]
+        x_reads = [(i, slot_of.get(g), g) for i, g in x_wanted]
+        p_reads = [(total, slot_of.get(g), g) for total, g in p_wanted]
+        products = list(deferred.values())
         # A step output's shape (and dtype) is one over the steps: read it once, from the last.
         out_steps: dict[str, np.ndarray] = {}
         for t in reversed(range(len(scopes))):
@@ -390,7 +401,7 @@ class recurrent_grad:
                 if grad is None:
                     part = np.zeros(step.shape, dtype=step.dtype)
                 else:
-                    part = _masked(grad[:, t], active)
+                    part = grad[:, t] if active is None else _masked(grad[:, t], active)
                     if part.shape != step.shape:
                         part = part.reshape(step.shape)
                 values[seed] = values[seed] + part if seed in values else part
@@ -404,27 +415,36 @@ class recurrent_grad:
                     passed[name] = np.where(rows, np.zeros((), grad.dtype), grad)
                     grad = np.where(rows, grad, np.zeros((), grad.dtype))
                 values[seed] = values[seed] + grad if seed in values else grad
-            frame = run_block(grad_block, scope, values, parent, remembered)
-            for name, _, grad_name in seeded_memories:
-                grad = grad_value(frame, values, grad_name)
+            frame = runner.run(scope, [values[name] for name in seed_names])
+            env = frame.env
+            for name, slot, grad_name in memory_reads:
+                grad = env[slot] if slot is not None else None
                 if grad is None:
-                    grad = np.zeros_like(scope_array(scope, name))
-                if name in passed:
-                    grad = grad + passed[name]
+                    grad = values.get(grad_name)
+                    if grad is None:
+                        grad = np.zeros_like(scope_array(scope, name))
+                if passed:
+                    held = passed.get(name)
+                    if held is not None:
+                        grad = grad + held
                 flowing[name] = grad
-            for i, grad_name in x_wanted:
-                grad = grad_value(frame, values, grad_name)
+            for i, slot, grad_name in x_reads:
+                grad = env[slot] if slot is not None else None
                 if grad is None:
-                    continue
+                    grad = values.get(grad_name)
+                    if grad is None:
+                        continue
                 if x_grads[i] is None:
                     x_grads[i] = np.zeros(sequences[i].shape, dtype=grad.dtype)
                 # Each step's slice is written once (steps never repeat): a copy, not an add.
                 x_grads[i][:, t] = grad
-            for total, grad_name in p_wanted:
-                grad = grad_value(frame, values, grad_name)
+            for total, slot, grad_name in p_reads:
+                grad = env[slot] if slot is not None else None
+                if grad is None:
+                    grad = values.get(grad_name)
                 if grad is not None:
                     total.add(grad)
-            for product in deferred.values():
+            for product in products:
                 product.collect(scope, frame, values)
         for total, name, value in zip(p_sums, attrs["param_grads"], params):
             if name in deferred and (grad := deferred[name].finish(value)) is not None:
