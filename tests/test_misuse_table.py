@@ -371,7 +371,11 @@ MISUSES = [
     ),
     Misuse("minibatch ragged", lambda _: nf.minibatch([[1, 2], [3]]), ("minibatch",)),
     Misuse("no such layer", lambda _: nf.layers.conv7d, ("conv7d",)),
+    Misuse("data shape None", lambda _: nf.data("x", None), ("data 'x'", "shape", "None")),
+    Misuse("fc of None", lambda _: L.fc(None, 3), ("fc", "Variable", "None")),
+    Misuse("conv2d of an array", lambda _: L.conv2d(np.ones((1, 1, 4, 4)), 2, 3), ("conv2d",)),
     # ---- nf.Executor ----
+    Misuse("Executor of a string place", lambda _: nf.Executor("cpu"), ("Place", "'cpu'")),
     Misuse("run of a non-program", lambda _: nf.Executor().run("main"), ("Program", "str")),
     Misuse(
         "run in a non-scope",
@@ -570,3 +574,55 @@ def test_every_issue_12_item_6_case_is_in_the_table():
         "array_read given a NumPy array",
     ):
         assert reported in ids, reported
+
+
+def _required(layer) -> list:
+    import inspect
+
+    params = inspect.signature(layer).parameters.values()
+    empty = inspect.Parameter.empty
+    return [p for p in params if p.default is empty and p.kind <= p.POSITIONAL_OR_KEYWORD]
+
+
+def _layer_functions() -> list[str]:
+    """The layer functions nf.layers exports that take a required argument."""
+    import inspect
+
+    return [
+        n
+        for n in sorted(L.__all__)
+        if inspect.isfunction(getattr(L, n)) and _required(getattr(L, n))
+    ]
+
+
+@pytest.mark.parametrize("name", _layer_functions())
+def test_every_layer_given_none_for_its_first_argument_raises_an_nf_error(name):
+    """A sweep over nf.layers: None where the first argument goes (1 for the other required
+    ones) is an nf.errors error naming the layer, never a bare Python error."""
+    layer = getattr(L, name)
+    args = [None] + [1] * (len(_required(layer)) - 1)
+    with nf.program_guard(nf.Program(), nf.Program()), pytest.raises(NestflowError) as caught:
+        layer(*args)
+    assert caught.value.message
+
+
+def test_an_error_of_the_users_own_code_inside_a_layer_passes_through_unchanged():
+    def true_fn():
+        raise ValueError("the user's own bug")
+
+    with nf.program_guard(nf.Program(), nf.Program()):
+        pred = L.fill_constant([1], "bool", True)
+        with pytest.raises(ValueError, match="the user's own bug") as caught:
+            L.cond(pred, true_fn, lambda: L.fill_constant([1], "float32", 0.0))
+    assert not isinstance(caught.value, NestflowError)
+
+
+def test_a_bare_error_inside_a_layer_becomes_an_nf_error_naming_layer_and_arguments():
+    with nf.program_guard(nf.Program(), nf.Program()):
+        x = nf.data("x", [-1, 3])
+        with pytest.raises(nf.errors.TypeMismatchError) as caught:
+            L.reshape(x, 6)
+    message = str(caught.value)
+    assert "reshape" in message and "Variable 'x' float32[-1, 3]" in message
+    assert "test_misuse_table.py" in message  # the user's source line
+    assert isinstance(caught.value.__cause__, TypeError)

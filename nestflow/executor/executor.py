@@ -87,6 +87,11 @@ class Executor:
     """
 
     def __init__(self, place: Place | None = None, check_nan_inf: bool = False):
+        if place is not None and not isinstance(place, Place):
+            raise TypeMismatchError(
+                f"Executor(place): place must be a Place such as nf.CPUPlace(), got "
+                f"{type(place).__name__} {place!r}"
+            )
         self.place = place if place is not None else CPUPlace()
         self.check_nan_inf = check_nan_inf
 

@@ -32,6 +32,22 @@ from nestflow.layers.vision import __all__ as _vision_all
 
 variable_ops.install()
 
+
+def _export_checked() -> None:
+    """Every layer function nf.layers exports turns a bare Python error that bad arguments
+    cause into an nf.errors error (helper.public_layer); layers calling each other inside
+    nestflow use the unwrapped functions."""
+    import inspect
+
+    from nestflow.layers.helper import public_layer
+
+    names = globals()
+    for name in __all__:
+        value = names.get(name)
+        if inspect.isfunction(value):
+            names[name] = public_layer(value)
+
+
 __all__ = [
     "RNN",
     "ParamAttr",
@@ -50,6 +66,7 @@ __all__ = [
     *_cond_all,
     *_decode_all,
 ]
+_export_checked()
 
 
 def __getattr__(name: str):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import numbers
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,6 +19,7 @@ from nestflow.errors import (
     NestflowError,
     OpLocation,
     ShapeError,
+    TypeMismatchError,
 )
 from nestflow.framework import unique_name
 from nestflow.framework.program import (
@@ -65,10 +69,78 @@ def layer_error(kind: type[NestflowError], layer: str, message: str) -> Nestflow
     return kind(message, location=OpLocation(layer, source=user_source_line()))
 
 
+def public_layer(layer: Callable) -> Callable:
+    """`layer` as nf.layers exports it: a bare TypeError, AttributeError, ValueError,
+    IndexError or KeyError that bad arguments cause inside nestflow becomes an nf.errors error
+    (TypeMismatchError, or AttrError for a bad value) naming the layer, the arguments' types
+    and the user's source line, chained to the original. An error raised by the user's own
+    code that the layer calls (a cond branch, an RNN cell) passes through unchanged."""
+
+    @functools.wraps(layer)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return layer(*args, **kwargs)
+        except (TypeError, AttributeError, ValueError, IndexError, KeyError) as exc:
+            if isinstance(exc, NestflowError) or _raised_by_user_code(exc):
+                raise
+            kind = TypeMismatchError if isinstance(exc, TypeError | AttributeError) else AttrError
+            raise layer_error(
+                kind,
+                layer.__name__,
+                f"bad arguments ({_arguments(layer, args, kwargs)}): {type(exc).__name__}: {exc}",
+            ) from exc
+
+    return checked
+
+
+_NESTFLOW_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LIBRARY_DIRS = {"site-packages", "dist-packages"}
+
+
+def _raised_by_user_code(exc: BaseException) -> bool:
+    """Whether a frame of `exc`'s traceback below the layer lies in the user's own files (not
+    nestflow, not the standard library, not an installed package)."""
+    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+    stdlib = os.path.dirname(os.__file__) + os.sep
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if not (
+            filename.startswith((_NESTFLOW_DIR, "<frozen "))
+            or (filename.startswith(stdlib) and not _LIBRARY_DIRS & set(filename.split(os.sep)))
+            or _LIBRARY_DIRS & set(filename.split(os.sep))
+            or filename.startswith("<nestflow ")
+        ):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _arguments(layer: Callable, args: tuple, kwargs: dict) -> str:
+    """'input=NoneType None, size=int 3': what a layer was called with, briefly."""
+    try:
+        bound = inspect.signature(layer).bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        bound = {**{f"#{i}": a for i, a in enumerate(args)}, **kwargs}
+
+    def brief(value: Any) -> str:
+        if isinstance(value, VarDesc):
+            return f"Variable '{value.name}' {value.dtype}{list(value.shape)}"
+        text = repr(value)
+        return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+    return ", ".join(f"{name}={brief(value)}" for name, value in bound.items())
+
+
 def require_float_input(input: VarDesc, layer: str) -> None:
     """DTypeError unless `input` is floating point: `layer` makes float parameters (of the
     input's dtype) that the input is multiplied with, so an integer input would give integer
     parameters and truncated results."""
+    if not isinstance(input, VarDesc):
+        raise layer_error(
+            TypeMismatchError,
+            layer,
+            f"input must be a Variable of the program, got {type(input).__name__} {input!r}",
+        )
     if not is_floating(input.dtype):
         raise layer_error(
             DTypeError,
@@ -147,6 +219,12 @@ def create_parameter(
            [0.1, 0.1],
            [0.1, 0.1]], dtype=float32)
     """
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise layer_error(
+            ShapeError,
+            "create_parameter",
+            f"shape must be a list of ints, got {type(shape).__name__} {shape!r}",
+        )
     main = default_main_program()
     name = name or unique_name.generate("param")
     existing = main.global_block().find_var(name)

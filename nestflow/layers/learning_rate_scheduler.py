@@ -72,7 +72,7 @@ def _schedule(op_type: str, learning_rate: Any, dtype: Any, **attrs: Any) -> Var
     if isinstance(learning_rate, VarDesc):
         inputs["LearningRate"] = learning_rate
         dtype = dtype or learning_rate.dtype
-    elif learning_rate is not None:
+    else:
         attrs["learning_rate"] = _number(f"{op_type}: learning_rate", learning_rate)
     attrs = {
         k: _number(f"{op_type}: {k}", v) if k not in ("staircase", "cycle") else v

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nestflow.core.dtype import dtype_name
-from nestflow.errors import AttrError, ShapeError
+from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.framework import unique_name
 from nestflow.framework.program import VarDesc
 from nestflow.layers.helper import (
@@ -20,6 +20,7 @@ from nestflow.layers.helper import (
     as_int,
     create_parameter,
     current_block,
+    layer_error,
     literal_array,
     parameter_from_attr,
     require_float_input,
@@ -56,6 +57,11 @@ def data(
         raise AttrError(
             f"data '{name}': lod_level={lod_level}; nestflow has no LoD tensors, feed padded "
             "[batch, time, ...] arrays with an int64 lengths variable instead"
+        )
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise ShapeError(
+            f"data '{name}': shape must be a list of ints (-1 or None: any size), got "
+            f"{type(shape).__name__} {shape!r}"
         )
     if append_batch_size:
         shape = [-1, *shape]
@@ -626,6 +632,13 @@ def assign(input, output: VarDesc | None = None, name=None) -> VarDesc:
     if isinstance(input, VarDesc):
         return append_op("assign", {"X": input}, name=name, out=output)
     values = literal_array(input, None, "assign")
+    if values.dtype.kind not in "biuf":
+        raise layer_error(
+            DTypeError,
+            "assign",
+            f"input must be a Variable or numbers (an array, nested lists), got "
+            f"{type(input).__name__} {input!r}",
+        )
     attrs = {
         "shape": list(values.shape),
         "dtype": dtype_name(values.dtype),
