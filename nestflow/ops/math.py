@@ -337,6 +337,12 @@ class matmul:
         full = batch + (x[-2], y[-1])
         return VarInfo(_squeeze_vectors(full, len(X.shape) == 1, len(Y.shape) == 1), X.dtype)
 
+    def specialize(X, Y, transpose_X, transpose_Y, alpha):
+        # A plain product of two matrices (an RNN step's h @ W): the BLAS call alone.
+        if X is None or Y is None or (X.ndim, Y.ndim) != (2, 2):
+            return None
+        return np.matmul if not (transpose_X or transpose_Y) and alpha == 1.0 else None
+
     def forward(X, Y, transpose_X, transpose_Y, alpha):
         x = X.reshape(_as_matrix(X.shape, True)) if X.ndim == 1 else X
         y = Y.reshape(_as_matrix(Y.shape, False)) if Y.ndim == 1 else Y
