@@ -158,6 +158,8 @@ def test_model_fit_under_mpi_equals_one_process_and_checkpoints_on_rank_0(tmp_pa
         loaded = json.loads((tmp_path / f"loaded_epoch_rank{rank}.json").read_text())
         assert loaded["epoch"] == 2
         assert loaded["files"] == ["0.safetensors", "1.safetensors", "final.safetensors"]
+        # Both ranks see one directory; rank 0 wrote every file in it, rank 1 none.
+        assert loaded["wrote"] == (loaded["files"] if rank == 0 else []), loaded
     # DataLoader + DistributedBatchSampler(defaults from nf.distributed): distinct shards
     # (11 samples padded to 12 by repeating the first), batches of 2 and a last one of 2.
     shards = [

@@ -97,7 +97,21 @@ def fit(out: str, batch_size: int) -> None:
     model = fit_model(distributed=True)
     data = fit_data()
     checkpoints = f"{out}/checkpoints"
-    model.fit(data, batch_size=batch_size, epochs=2, verbose=0, save_dir=checkpoints)
+    # Every file this rank writes through the atomic writer (what Model.save uses): only rank
+    # 0 may write checkpoints, though both ranks see one directory.
+    from nestflow.io import atomic
+
+    wrote, write_atomic = [], atomic.write_atomic
+
+    def recording(path, data, **kwargs):
+        wrote.append(os.path.basename(os.fspath(path)))
+        return write_atomic(path, data, **kwargs)
+
+    atomic.write_atomic = recording
+    try:
+        model.fit(data, batch_size=batch_size, epochs=2, verbose=0, save_dir=checkpoints)
+    finally:
+        atomic.write_atomic = write_atomic
     _save(f"{out}/fit_rank{rank}.npz", _model_parameters(model))
     fresh = fit_model(distributed=True)
     fresh.load(f"{checkpoints}/final")
@@ -106,7 +120,12 @@ def fit(out: str, batch_size: int) -> None:
     dataset = nf.io.TensorDataset([np.arange(11)])
     sampler = nf.io.DistributedBatchSampler(dataset, 2, shuffle=True)
     shard = [batch[0].tolist() for batch in nf.io.DataLoader(dataset, batch_sampler=sampler)]
-    found = {"epoch": fresh.epoch, "files": sorted(os.listdir(checkpoints)), "shard": shard}
+    found = {
+        "epoch": fresh.epoch,
+        "files": sorted(os.listdir(checkpoints)),
+        "shard": shard,
+        "wrote": sorted(wrote),
+    }
     with open(f"{out}/loaded_epoch_rank{rank}.json", "w") as file:
         json.dump(found, file)
 
