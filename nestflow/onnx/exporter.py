@@ -24,6 +24,11 @@ Supported opsets: 13 to 21 (MIN_OPSET, MAX_OPSET: the opsets onnxruntime >= 1.18
 the one where Split/Squeeze/Unsqueeze/ReduceSum take their axes as inputs); a few options
 need more (scatter with overwrite=False: 16).
 
+The importer's onnx_* ops (nestflow.ops.onnx_compat) export back to the ONNX operators they
+mirror, so an imported model exports again; what an opset lacks is composed (Trilu at 13,
+CumProd as a Scan whose axis must be known at export) or an AttrError naming the opset it
+needs (the bitwise ops: 18; see nestflow.onnx.exporters.onnx_compat).
+
 Departures from the nestflow run: a While with max_steps stops after max_steps iterations in
 ONNX where nestflow raises MaxStepsExceededError; a per-row IfElse branch that gets no rows
 still runs (on zero rows) where nestflow skips it; array_write past the end of a tensor array

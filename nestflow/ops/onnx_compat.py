@@ -756,13 +756,9 @@ class onnx_cumprod:
     def forward(X, Axis, exclusive, reverse):
         (axis,) = _axes(_values(Axis)[:1], X.ndim, "onnx_cumprod")
         x = np.flip(X, axis) if reverse else X
-        if exclusive:  # a 1 in front, the last element left out
+        if exclusive and X.shape[axis]:  # a 1 in front, the last element left out
             ones = np.ones_like(np.take(x, [0], axis=axis))
-            x = (
-                np.concatenate([ones, np.delete(x, -1, axis=axis)], axis=axis)
-                if X.shape[axis]
-                else x
-            )
+            x = np.concatenate([ones, np.delete(x, -1, axis=axis)], axis=axis)
         out = np.cumprod(x, axis=axis, dtype=X.dtype)
         return np.flip(out, axis) if reverse else out
 

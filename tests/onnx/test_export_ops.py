@@ -779,8 +779,10 @@ def test_every_mapper_is_exercised_and_the_exclusions_are_real_ops():
     from nestflow.onnx.exporters import MAPPERS
     from nestflow.ops.registry import has_op
     from tests.onnx.test_export_onnx_compat import CASES as ONNX_COMPAT_CASES
+    from tests.onnx.test_export_onnx_compat_ops import CASES as ONNX_COMPAT_OP_CASES
 
     covered = {case.op_type for case in CASES + ONNX_COMPAT_CASES} | CONTROL_FLOW
+    covered |= {case.export.op_type for case in ONNX_COMPAT_OP_CASES}
     assert set(MAPPERS) - covered == set()
     assert covered - set(MAPPERS) == set()
     assert all(has_op(op) and op not in MAPPERS for op in NOT_EXPORTED)
