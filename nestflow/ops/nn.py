@@ -376,9 +376,11 @@ def _grouped_grad(grad: np.ndarray, geo: _ConvGeometry) -> np.ndarray:
     )
 
 
-# A 1x1 conv over images at least this large runs one GEMM per image on the data as it lies
-# (no rearranging copies); on smaller images those GEMMs are too small to run well.
+# A 1x1 conv over images at least this large, or whose GEMM per image has at least
+# _POINTWISE_MIN_WORK multiply-adds (per group), runs one GEMM per image on the data as it
+# lies (no rearranging copies); smaller GEMMs run too slowly one image at a time.
 _POINTWISE_MIN_PIXELS = 256
+_POINTWISE_MIN_WORK = 1 << 20
 
 
 # Winograd runs on at least this many 4x4 output blocks (over the whole batch). Its filter
@@ -390,15 +392,17 @@ _WINOGRAD_MIN_BLOCKS = 64
 
 def _kernel(w_shape, geo: _ConvGeometry, out_hw, dtype, batch: int) -> str:
     """Which kernels compute a conv of `batch` images with out_hw outputs each: "winograd"
-    (3x3, stride 1, enough 4x4 output blocks), "pointwise" (1x1 stride 1 unpadded on large
-    images) or "im2col" (everything else)."""
+    (3x3, stride 1, enough 4x4 output blocks), "pointwise" (1x1 unpadded, on large images or
+    with many channels) or "im2col" (everything else)."""
     blocks = -(-out_hw[0] // 4) * -(-out_hw[1] // 4) * batch
     if blocks >= _WINOGRAD_MIN_BLOCKS and winograd.applies(
         w_shape, geo.strides, geo.dilations, geo.groups, dtype
     ):
         return "winograd"
-    pointwise = tuple(w_shape[2:]) == (1, 1) and geo.strides == (1, 1) and not any(geo.pads)
-    if pointwise and out_hw[0] * out_hw[1] >= _POINTWISE_MIN_PIXELS:
+    pixels = out_hw[0] * out_hw[1]
+    work = w_shape[0] // geo.groups * w_shape[1] * pixels
+    pointwise = tuple(w_shape[2:]) == (1, 1) and not any(geo.pads)
+    if pointwise and (pixels >= _POINTWISE_MIN_PIXELS or work >= _POINTWISE_MIN_WORK):
         return "pointwise"
     return "im2col"
 
@@ -409,21 +413,84 @@ def _per_image(a: np.ndarray, groups: int) -> np.ndarray:
     return a.reshape(n, groups, c // groups, h * w)
 
 
-def _conv(x: np.ndarray, w: np.ndarray, geo: _ConvGeometry) -> tuple[np.ndarray, tuple | None]:
+# The epilogue works on blocks of about this many elements (1 MiB of float32), so that its
+# additions and relu pass over data in cache instead of memory.
+_EPILOGUE_BLOCK = 1 << 18
+
+
+@dataclass(frozen=True)
+class _Epilogue:
+    """What a fused conv adds to its output, in place: + bias per channel (bias [M]), +
+    residual (broadcastable to the output, [N or 1, M or 1, OH or 1, OW or 1]), then relu;
+    in that order, as Fluid's fused (MKL-DNN) conv does."""
+
+    bias: np.ndarray | None
+    residual: np.ndarray | None
+    relu: bool
+
+    def apply(self, out: np.ndarray, first: int) -> None:
+        """Finish out [n, M, OH, OW], images first..first + n of the batch, block by block."""
+        n, m = out.shape[:2]
+        pixels = max(1, out[:1, :1].size)
+        images = max(1, _EPILOGUE_BLOCK // (m * pixels))
+        channels = m if images > 1 else max(1, _EPILOGUE_BLOCK // pixels)
+        bias = None if self.bias is None else self.bias.reshape(m, 1, 1)
+        res = self.residual
+        # NumPy's maximum against a scalar 0 runs at a fifth of its speed against an array
+        zeros = np.zeros((min(n, images), min(m, channels)) + out.shape[2:], out.dtype)
+        for i in range(0, n, images):
+            for c in range(0, m, channels):
+                block = out[i : i + images, c : c + channels]
+                if bias is not None:
+                    block += bias[c : c + channels]
+                if res is not None:
+                    start = first + i
+                    rows = slice(start, start + len(block)) if res.shape[0] > 1 else slice(None)
+                    block += res[rows, c : c + channels] if res.shape[1] > 1 else res[rows]
+                if self.relu:
+                    np.maximum(block, zeros[: len(block), : block.shape[1]], out=block)
+
+
+def _strided(x: np.ndarray, geo: _ConvGeometry) -> np.ndarray:
+    """The pixels an unpadded 1x1 conv reads: every stride-th (a contiguous copy)."""
+    if geo.strides == (1, 1):
+        return x
+    return np.ascontiguousarray(x[:, :, :: geo.strides[0], :: geo.strides[1]])
+
+
+def _conv(
+    x: np.ndarray, w: np.ndarray, geo: _ConvGeometry, finish: _Epilogue | None = None
+) -> tuple[np.ndarray, tuple | None]:
     """Convolution of x [N, C, H, W] with w [M, C/g, kh, kw]: ([N, M, OH, OW], what the
-    filter gradient can reuse, as (tag, array), or None). Kernels by _kernel; im2col runs one
-    GEMM per group over all images at once, as per-image GEMMs are too small on small
-    images."""
+    filter gradient can reuse, as (tag, array), or None), `finish` applied to the output.
+    Kernels by _kernel; im2col runs one GEMM per group over all images at once, as per-image
+    GEMMs are too small on small images."""
     m, cg, kh, kw = w.shape
     g = geo.groups
     out_hw = geo.out_hw(x.shape[2:], (kh, kw))
     kernel = _kernel(w.shape, geo, out_hw, x.dtype, x.shape[0])
+    if kernel == "pointwise":
+        pixels, filters = _per_image(_strided(x, geo), g), w.reshape(g, m // g, cg)
+        if finish is None:
+            return np.matmul(filters, pixels).reshape((x.shape[0], m) + out_hw), None
+        # image by image, each finished while its output is in cache
+        out = np.empty((x.shape[0], m) + out_hw, x.dtype)
+        for i in range(x.shape[0]):
+            np.matmul(filters, pixels[i], out=out[i].reshape(g, m // g, -1))
+            finish.apply(out[i : i + 1], i)
+        return out, None
+    out, kept = _unfinished_conv(x, w, geo, kernel, out_hw)
+    if finish is not None:
+        finish.apply(out, 0)
+    return out, kept
+
+
+def _unfinished_conv(x, w, geo: _ConvGeometry, kernel: str, out_hw) -> tuple[np.ndarray, tuple]:
+    m, cg, kh, kw = w.shape
+    g = geo.groups
     if kernel == "winograd":
         out, v = winograd.conv(x, w, geo.pads)
         return out, (("winograd", geo), v)
-    if kernel == "pointwise":
-        out = np.matmul(w.reshape(g, m // g, cg), _per_image(x, g))
-        return out.reshape((x.shape[0], m) + out_hw), None
     n = x.shape[0]
     cols = _columns(x, (kh, kw), geo, out_hw)
     filters = w.reshape(g, m // g, cg * kh * kw)
@@ -448,7 +515,12 @@ def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None
             return dx
     if kernel == "pointwise":
         dx = np.matmul(w.reshape(g, m // g, cg).transpose(0, 2, 1), _per_image(grad, g))
-        return dx.reshape((grad.shape[0], g * cg) + tuple(in_hw))
+        dx = dx.reshape((grad.shape[0], g * cg) + grad.shape[2:])
+        if geo.strides == (1, 1):
+            return dx
+        full = np.zeros((grad.shape[0], g * cg) + tuple(in_hw), grad.dtype)
+        full[:, :, :: geo.strides[0], :: geo.strides[1]] = dx
+        return full
     grad_g = _grouped_grad(grad, geo) if grad_g is None else grad_g
     wt = w.reshape(g, m // g, cg * kh * kw).transpose(0, 2, 1)
     layout, out_hw = _layout(geo), grad.shape[2:]
@@ -474,7 +546,8 @@ def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=N
             v = winograd.input_transform(x, geo.pads, grad.shape[2:])
         return winograd.filter_grad(v, grad)
     if kernel == "pointwise":
-        per_image = winograd.matmul_nt(_per_image(grad, geo.groups), _per_image(x, geo.groups))
+        pixels = _per_image(_strided(x, geo), geo.groups)
+        per_image = winograd.matmul_nt(_per_image(grad, geo.groups), pixels)
         return per_image.sum(axis=0).reshape(w_shape)
     k_hw = tuple(w_shape[2:])
     cols = _reused(kept, (k_hw, geo))
@@ -502,7 +575,55 @@ def _conv_operands(Input: VarInfo, Filter: VarInfo, attrs: dict, filter_layout: 
     return channel_last, in_hw, _conv_geometry(attrs, in_hw, Filter.shape[2:])
 
 
-def _infer_conv(Input: VarInfo, Filter: VarInfo, **attrs) -> VarInfo:
+def _fused_relu(attrs: dict) -> bool:
+    """Whether the conv's fusion attrs end it with a relu (fuse_relu, or fuse_activation
+    'relu'); AttrError for the fused activations nestflow does not compute."""
+    if attrs["fuse_activation"] not in ("", "relu"):
+        raise AttrError(
+            f"fuse_activation '{attrs['fuse_activation']}' is not supported ('' or 'relu'): "
+            "apply that activation as its own op after the conv"
+        )
+    if attrs["fuse_brelu"]:
+        raise AttrError("fuse_brelu is not supported: apply brelu as its own op after the conv")
+    return attrs["fuse_activation"] == "relu" or attrs["fuse_relu"]
+
+
+def _broadcasts_into(shape, into) -> bool:
+    """Whether `shape` (-1: unknown) can be added into an array of shape `into` in place."""
+    return len(shape) == len(into) and all(
+        s in (t, 1) or s < 0 or t < 0 for s, t in zip(shape, into)
+    )
+
+
+def _check_fusion(Bias, ResidualData, out: VarInfo, channels: int, attrs: dict) -> None:
+    """Bias [M] and ResidualData (broadcastable to Output) of Output's dtype, ResidualData
+    given exactly when fuse_residual_connection is set, a supported activation."""
+    _fused_relu(attrs)
+    for slot, info in (("Bias", Bias), ("ResidualData", ResidualData)):
+        if info is not None and info.dtype != out.dtype:
+            raise DTypeError(f"{slot} is {info.dtype} but Input is {out.dtype}")
+    if Bias is not None and (Bias.ndim != 1 or Bias.shape[0] not in (channels, -1)):
+        fail(f"Bias {list(Bias.shape)} must be 1-D with the {channels} output channels")
+    if attrs["fuse_residual_connection"] != (ResidualData is not None):
+        raise AttrError(
+            "fuse_residual_connection and ResidualData go together: ResidualData is "
+            f"{'absent' if ResidualData is None else 'given'} but fuse_residual_connection is "
+            f"{attrs['fuse_residual_connection']}"
+        )
+    if ResidualData is not None and not _broadcasts_into(ResidualData.shape, out.shape):
+        fail(
+            f"ResidualData {list(ResidualData.shape)} does not broadcast to the Output "
+            f"{list(out.shape)} it is added to"
+        )
+
+
+def _infer_conv(Input: VarInfo, Filter: VarInfo, Bias=None, ResidualData=None, **attrs):
+    out = _infer_unfused_conv(Input, Filter, **attrs)
+    _check_fusion(Bias, ResidualData, out, Filter.shape[0], attrs)
+    return out
+
+
+def _infer_unfused_conv(Input: VarInfo, Filter: VarInfo, **attrs) -> VarInfo:
     layout = "[out_channels, in_channels / groups, kh, kw]"
     channel_last, in_hw, geo = _conv_operands(Input, Filter, attrs, layout)
     m, cg, kh, kw = Filter.shape
@@ -531,13 +652,29 @@ def _infer_conv(Input: VarInfo, Filter: VarInfo, **attrs) -> VarInfo:
     return VarInfo(_with_chw(Input.shape[0], m, out_hw, channel_last), Input.dtype)
 
 
-def _conv_forward(Input, Filter, relu_first: bool, attrs: dict) -> np.ndarray:
+def _epilogue(Bias, ResidualData, out_shape, channel_last: bool, attrs: dict):
+    """The fused conv's _Epilogue (None when it has none) for an NCHW output out_shape."""
+    relu = _fused_relu(attrs)
+    if Bias is None and ResidualData is None and not relu:
+        return None
+    residual = None if ResidualData is None else _nchw(ResidualData, channel_last)
+    if residual is not None and not _broadcasts_into(residual.shape, out_shape):
+        fail(
+            f"ResidualData {list(residual.shape)} (as NCHW) does not broadcast to the Output "
+            f"{list(out_shape)} (as NCHW) it is added to"
+        )
+    return _Epilogue(Bias, residual, relu)
+
+
+def _conv_forward(Input, Filter, Bias, ResidualData, relu_first: bool, attrs: dict):
     channel_last = _check_layout(attrs["data_format"])
     x = _nchw(Input, channel_last)
     if relu_first:
         x = np.maximum(x, 0)
     geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
-    out, kept = _conv(x, Filter, geo)
+    out_shape = x.shape[:1] + Filter.shape[:1] + geo.out_hw(x.shape[2:], Filter.shape[2:])
+    finish = _epilogue(Bias, ResidualData, out_shape, channel_last, attrs)
+    out, kept = _conv(x, Filter, geo, finish)
     out = _from_nchw(out, channel_last)
     # an inference program (is_test, as Program.clone(for_test=True) sets) takes no gradient
     if kept is not None and not attrs["is_test"]:
@@ -545,7 +682,29 @@ def _conv_forward(Input, Filter, relu_first: bool, attrs: dict) -> np.ndarray:
     return out
 
 
-def _conv_backward(Input, Filter, Output, Output_grad, relu_first: bool, attrs: dict, needs):
+def _unbroadcast(grad: np.ndarray, shape) -> np.ndarray:
+    """grad summed over the axes an array of `shape` was broadcast along."""
+    axes = tuple(d for d, (s, g) in enumerate(zip(shape, grad.shape)) if s == 1 and g != 1)
+    return grad.sum(axis=axes, keepdims=True) if axes else grad
+
+
+def _conv_backward(
+    Input, Filter, Bias, ResidualData, Output, Output_grad, relu_first, attrs, needs
+):
+    """Gradients of Input, Filter, Bias and ResidualData (None where not needed)."""
+    channel_last = _check_layout(attrs["data_format"])
+    if _fused_relu(attrs):  # Output is after the relu: positive exactly where the sum was
+        Output_grad = Output_grad * (Output > 0)
+    db = dres = None
+    if Bias is not None and needs[2]:
+        db = Output_grad.sum(axis=(0, 1, 2) if channel_last else (0, 2, 3))
+    if ResidualData is not None and needs[3]:
+        dres = _unbroadcast(Output_grad, ResidualData.shape)
+    dx, dw = _unfused_conv_backward(Input, Filter, Output, Output_grad, relu_first, attrs, needs)
+    return dx, dw, db, dres
+
+
+def _unfused_conv_backward(Input, Filter, Output, Output_grad, relu_first, attrs, needs):
     channel_last = _check_layout(attrs["data_format"])
     x = _nchw(Input, channel_last)
     grad = _nchw(Output_grad, channel_last)
@@ -586,17 +745,25 @@ class conv2d:
     stride + 1. `paddings` is [pad_h, pad_w] or [top, bottom, left, right];
     padding_algorithm "SAME"/"VALID" overrides it as Fluid does; data_format "NHWC" takes and
     gives channel-last data. ShapeError when the channels do not fit the filter and groups or
-    the filter is larger than the padded input; DTypeError for non-float data."""
+    the filter is larger than the padded input; DTypeError for non-float data.
 
-    inputs, outputs = ("Input", "Filter"), ("Output",)
+    Fused form (Fluid's MKL-DNN conv): Output = act(conv + Bias + ResidualData), Bias [M] per
+    channel, ResidualData (with fuse_residual_connection) of Output's shape or broadcastable
+    to it, act relu when fuse_relu or fuse_activation='relu'; the epilogue runs in
+    cache-sized blocks. Other fused activations (fuse_activation, fuse_brelu) -> AttrError."""
+
+    inputs, outputs = ("Input", "Filter", "Bias?", "ResidualData?"), ("Output",)
     attrs = _CONV2D_ATTRS
     infer = _infer_conv
 
-    def forward(Input, Filter, **attrs):
-        return _conv_forward(Input, Filter, False, attrs)
+    def forward(Input, Filter, Bias=None, ResidualData=None, **attrs):
+        return _conv_forward(Input, Filter, Bias, ResidualData, False, attrs)
 
-    def backward(Input, Filter, Output, Output_grad, needs=(True, True), **attrs):
-        return _conv_backward(Input, Filter, Output, Output_grad, False, attrs, needs)
+    def backward(
+        Input, Filter, Bias, ResidualData, Output, Output_grad, needs=(True,) * 4, **attrs
+    ):
+        args = (Input, Filter, Bias, ResidualData, Output, Output_grad)
+        return _conv_backward(*args, False, attrs, needs)
 
 
 @register_op
@@ -605,16 +772,19 @@ class depthwise_conv2d:
     use_cudnn is False). Same slots, attrs and results as conv2d; `fuse_relu_before_depthwise_
     conv` applies relu to Input first, as Fluid's depthwise kernel does."""
 
-    inputs, outputs = ("Input", "Filter"), ("Output",)
+    inputs, outputs = ("Input", "Filter", "Bias?", "ResidualData?"), ("Output",)
     attrs = _CONV2D_ATTRS
     infer = _infer_conv
 
-    def forward(Input, Filter, **attrs):
-        return _conv_forward(Input, Filter, attrs["fuse_relu_before_depthwise_conv"], attrs)
-
-    def backward(Input, Filter, Output, Output_grad, needs=(True, True), **attrs):
+    def forward(Input, Filter, Bias=None, ResidualData=None, **attrs):
         relu_first = attrs["fuse_relu_before_depthwise_conv"]
-        return _conv_backward(Input, Filter, Output, Output_grad, relu_first, attrs, needs)
+        return _conv_forward(Input, Filter, Bias, ResidualData, relu_first, attrs)
+
+    def backward(
+        Input, Filter, Bias, ResidualData, Output, Output_grad, needs=(True,) * 4, **attrs
+    ):
+        args = (Input, Filter, Bias, ResidualData, Output, Output_grad)
+        return _conv_backward(*args, attrs["fuse_relu_before_depthwise_conv"], attrs, needs)
 
 
 # ---- conv2d_transpose ----

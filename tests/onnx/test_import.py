@@ -474,7 +474,7 @@ def test_build_time_shape_errors_name_the_node():
 
 @pytest.mark.parametrize("spatial", [[5, 7], ["H", "W"]])
 @pytest.mark.parametrize("strides", [[1, 1], [2, 3]])
-def test_a_1x1_convolution_imports_as_one_matrix_product(spatial, strides):
+def test_a_1x1_convolution_imports_as_one_conv2d_with_its_bias(spatial, strides):
     w = R.standard_normal((4, 3, 1, 1)).astype("float32")
     b = R.standard_normal(4).astype("float32")
     conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=strides)
@@ -484,8 +484,7 @@ def test_a_1x1_convolution_imports_as_one_matrix_product(spatial, strides):
     program = check_against_reference(
         proto, {"x": R.standard_normal((2, 3, 5, 7)).astype("float32")}
     )
-    ops = {op.type for op in program.global_block().ops}
-    assert "matmul" in ops and "conv2d" not in ops
+    assert [op.type for op in program.global_block().ops] == ["conv2d"]
 
 
 def conv_bn_model(weights_as_initializers: bool):
@@ -512,11 +511,94 @@ def conv_bn_model(weights_as_initializers: bool):
 def test_batch_norm_after_a_constant_convolution_folds_into_it():
     x = R.standard_normal((2, 3, 5, 5)).astype("float32")
     program = check_against_reference(conv_bn_model(False), {"x": x}, rtol=1e-4, atol=1e-5)
-    assert [op.type for op in program.global_block().ops] == ["conv2d", "elementwise_add"]
+    assert [op.type for op in program.global_block().ops] == ["conv2d"]
     # parameters stay parameters (trainable): nothing folds
     program = check_against_reference(conv_bn_model(True), {"x": x}, rtol=1e-4, atol=1e-5)
-    ops = [op.type for op in program.global_block().ops]
-    assert ops == ["conv2d", "elementwise_add", "batch_norm"]
+    assert [op.type for op in program.global_block().ops] == ["conv2d", "batch_norm"]
+
+
+def residual_block(add="Sum", shortcut="x", relu=True, extra_outputs=(), x_shape=("N", 4, 6, 6)):
+    """x -> Conv(3x3, pad 1) -> BatchNormalization -> Add/Sum(shortcut) -> Relu, constants
+    throughout; `shortcut` names the other addend (x, or "c0": a conv of x computed first)."""
+    values = {
+        "w0": R.standard_normal((4, 4, 1, 1)),
+        "w": R.standard_normal((4, 4, 3, 3)),
+        "b": R.standard_normal(4),
+        "scale": R.standard_normal(4),
+        "beta": R.standard_normal(4),
+        "mean": R.standard_normal(4),
+        "var": R.uniform(0.5, 2.0, 4),
+    }
+    nodes = [
+        helper.make_node("Constant", [], [n], value=init(n, v.astype("float32")))
+        for n, v in values.items()
+    ]
+    nodes += [
+        helper.make_node("Conv", ["x", "w0"], ["c0"]),
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "beta", "mean", "var"], ["n"]),
+        helper.make_node(add, ["n", shortcut], ["s"]),
+    ]
+    last = "s"
+    if relu:
+        nodes.append(helper.make_node("Relu", ["s"], ["y"]))
+        last = "y"
+    outputs = [tensor(last, None)] + [tensor(name, None) for name in extra_outputs]
+    return model(nodes, [tensor("x", list(x_shape))], outputs)
+
+
+def op_types(program):
+    return [op.type for op in program.global_block().ops]
+
+
+@pytest.mark.parametrize("add", ["Add", "Sum"])
+@pytest.mark.parametrize("shortcut", ["x", "c0"])
+def test_a_residual_block_imports_as_one_fused_conv(add, shortcut):
+    x = R.standard_normal((2, 4, 6, 6)).astype("float32")
+    program = check_against_reference(residual_block(add, shortcut), {"x": x}, rtol=1e-4, atol=1e-4)
+    assert op_types(program) == ["conv2d", "conv2d"]
+    fused = program.global_block().ops[1]
+    assert fused.attrs["fuse_activation"] == "relu" and fused.attrs["fuse_residual_connection"]
+    assert fused.input("ResidualData") and fused.input("Bias")
+
+
+def test_a_relu_alone_after_a_conv_fuses_into_it():
+    x = R.standard_normal((2, 4, 6, 6)).astype("float32")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    w = R.standard_normal((3, 4, 3, 3)).astype("float32")
+    proto = model(nodes, [tensor("x", ["N", 4, 6, 6])], [tensor("y", None)], [init("w", w)])
+    program = check_against_reference(proto, {"x": x}, rtol=1e-4, atol=1e-4)
+    assert op_types(program) == ["conv2d"]
+    assert program.global_block().ops[0].attrs["fuse_activation"] == "relu"
+
+
+@pytest.mark.parametrize(
+    "kind,ops",
+    [
+        # the sum is also a graph output: the conv adds the shortcut, the relu runs apart
+        ("sum_read_twice", ["conv2d", "conv2d", "relu"]),
+        ("no_relu", ["conv2d", "conv2d"]),
+        ("broadcast_up", ["conv2d", "conv2d", "sum", "relu"]),  # the conv's output grows
+    ],
+)
+def test_what_a_conv_does_not_fuse(kind, ops):
+    x_shape = ["N", 4, 6, 6]
+    extra = ("s",) if kind == "sum_read_twice" else ()
+    proto = residual_block(relu=kind != "no_relu", extra_outputs=extra)
+    x = R.standard_normal((2, 4, 6, 6)).astype("float32")
+    if kind == "broadcast_up":  # conv of one image + a shortcut of two: Sum broadcasts up
+        x_shape = [1, 4, 6, 6]
+        proto = residual_block(shortcut="z", x_shape=x_shape)
+        proto.graph.input.append(tensor("z", [2, 4, 6, 6]))
+        x = x[:1]
+    feed = {"x": x}
+    if kind == "broadcast_up":
+        feed["z"] = R.standard_normal((2, 4, 6, 6)).astype("float32")
+    program = check_against_reference(proto, feed, rtol=1e-4, atol=1e-4)
+    assert op_types(program) == ops
 
 
 def test_without_the_onnx_package_nestflow_imports_and_load_says_what_to_install():

@@ -555,6 +555,149 @@ def test_winograd_takes_only_convs_with_enough_output_blocks(batch, hw, kernel):
     assert nn_ops._kernel((32, 32, 3, 3), geo, hw, np.float32, batch) == kernel
 
 
+# ---- the fused form: Output = relu(conv + Bias + ResidualData), Fluid's MKL-DNN conv ----
+
+
+def ref_fused_conv2d(Input, Filter, Bias=None, ResidualData=None, **attrs):
+    out = ref_conv2d(Input, Filter, **attrs)["Output"]
+    channel_axis = 3 if attrs.get("data_format") == "NHWC" else 1
+    if Bias is not None:
+        out = out + Bias.reshape([-1 if d == channel_axis else 1 for d in range(4)])
+    if ResidualData is not None:
+        out = out + ResidualData
+    if attrs.get("fuse_relu") or attrs.get("fuse_activation") == "relu":
+        out = np.maximum(out, 0)
+    return {"Output": out}
+
+
+def fused_case(x_shape, f_shape, attrs, name, bias=True, residual=None, op="conv2d"):
+    """A fused conv over random data; `residual` is ResidualData's shape (None: none)."""
+    case = conv_case(x_shape, f_shape, attrs, name, op=op)
+    inputs = dict(case.inputs)
+    attrs = dict(attrs)
+    if bias:
+        inputs["Bias"] = normal(f_shape[0])
+    if residual is not None:
+        inputs["ResidualData"] = normal(*residual)
+        attrs["fuse_residual_connection"] = True
+    slots = tuple(s for s in ("Input", "Filter", "Bias", "ResidualData") if s in inputs)
+    return OpCase(
+        op,
+        inputs,
+        ref_fused_conv2d,
+        attrs,
+        grad=slots,
+        atol=1e-9,
+        rtol=1e-9,
+        grad_atol=1e-5,
+        grad_rtol=1e-5,
+        id=f"{op}-fused-{name}",
+    )
+
+
+RELU = {"fuse_activation": "relu"}
+FUSED_CASES = [
+    fused_case((2, 3, 5, 5), (4, 3, 3, 3), {}, "bias_only"),
+    fused_case((2, 3, 5, 5), (4, 3, 3, 3), {"fuse_relu": True}, "bias_relu"),
+    fused_case((2, 3, 5, 5), (4, 3, 3, 3), RELU, "relu_only", bias=False),
+    fused_case(
+        (2, 3, 6, 5), (4, 3, 3, 3), {**RELU, "paddings": [1, 1]}, "all", residual=(2, 4, 6, 5)
+    ),
+    fused_case(
+        (2, 3, 7, 7),
+        (4, 3, 3, 3),
+        {**RELU, "strides": [2, 2], "paddings": [1, 1]},
+        "strided_broadcast_residual",
+        residual=(1, 4, 1, 4),
+    ),
+    fused_case((2, 3, 4, 5), (4, 3, 1, 1), RELU, "pointwise", residual=(2, 4, 4, 5)),
+    fused_case(
+        (2, 3, 5, 7),
+        (4, 3, 1, 1),
+        {**RELU, "strides": [2, 3]},
+        "pointwise_strided",
+        residual=(2, 4, 3, 3),
+    ),
+    fused_case(
+        (2, 6, 5, 5),
+        (4, 5, 3, 3),
+        {**RELU, "data_format": "NHWC", "paddings": [1, 1]},
+        "nhwc",
+        residual=(2, 6, 5, 4),
+    ),
+    fused_case(
+        (2, 4, 5, 5),
+        (8, 1, 3, 3),
+        {**RELU, "groups": 4},
+        "depthwise",
+        residual=(2, 8, 3, 3),
+        op="depthwise_conv2d",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=case_id)
+@pytest.mark.parametrize(
+    "block", [1 << 18, 7, 45], ids=["one_block", "channel_blocks", "image_blocks"]
+)
+@pytest.mark.parametrize("forced", [False, True], ids=["default", "pointwise_winograd_forced"])
+def test_fused_conv(case, block, forced, monkeypatch):
+    """Bias, ResidualData and relu over every kernel; the epilogue's blocks of images and of
+    channels (a small _EPILOGUE_BLOCK) give the same result."""
+    monkeypatch.setattr(nn_ops, "_EPILOGUE_BLOCK", block)
+    if forced:  # the tiny cases take Winograd (3x3 stride 1) and the per-image 1x1 GEMMs
+        monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
+        monkeypatch.setattr(nn_ops, "_WINOGRAD_MIN_BLOCKS", 0)
+        monkeypatch.setattr(nn_ops, "_POINTWISE_MIN_PIXELS", 1)
+    case.check()
+
+
+def test_fused_conv2d_matches_torch():
+    torch = pytest.importorskip("torch")
+    x, w, b, r = normal(2, 4, 9, 8), normal(6, 4, 3, 3), normal(6), normal(2, 6, 5, 4)
+    attrs = {"strides": [2, 2], "paddings": [1, 1], "fuse_relu": True}
+    attrs["fuse_residual_connection"] = True
+
+    def conv(Input, Filter, Bias, ResidualData):
+        return torch.relu(torch.nn.functional.conv2d(Input, Filter, Bias, 2, 1) + ResidualData)
+
+    inputs = {"Input": x, "Filter": w, "Bias": b, "ResidualData": r}
+    compare_with_torch(torch, "conv2d", inputs, attrs, "Output", conv)
+
+
+def test_the_fused_conv_checks_residual_data_against_the_output_when_it_runs():
+    main = nf.Program()
+    with nf.program_guard(main, nf.Program()):
+        x = nf.data("x", [-1, 2, 5, 5])
+        r = nf.data("r", [-1, 3, 5, 5])
+        w = nf.data("w", [3, 2, 1, 1])
+        out = main.global_block().create_var("out")
+        main.global_block().append_op(
+            "conv2d",
+            {"Input": [x.name], "Filter": [w.name], "ResidualData": [r.name]},
+            {"Output": [out.name]},
+            {"fuse_residual_connection": True},
+        )
+    feed = {"x": np.ones((2, 2, 5, 5), "float32"), "r": np.ones((3, 3, 5, 5), "float32")}
+    feed["w"] = np.ones((3, 2, 1, 1), "float32")
+    with pytest.raises(NestflowError, match=r"ResidualData \[3, 3, 5, 5\]"):
+        nf.Executor().run(main, feed, [out], nf.Scope())
+
+
+@pytest.mark.parametrize(
+    "filter_shape,strides,out_hw,kernel",
+    [
+        ((256, 64, 1, 1), (1, 1), (14, 14), "pointwise"),  # 3.2M multiply-adds per image
+        ((16, 8, 1, 1), (1, 1), (7, 7), "im2col"),  # small GEMMs run better over the batch
+        ((16, 8, 1, 1), (2, 2), (16, 16), "pointwise"),
+        ((16, 8, 3, 3), (2, 2), (16, 16), "im2col"),
+    ],
+)
+def test_which_convs_take_per_image_gemms(filter_shape, strides, out_hw, kernel):
+    geo = nn_ops._ConvGeometry(strides, (0, 0, 0, 0), (1, 1), 1)
+    assert nn_ops._kernel(filter_shape, geo, out_hw, np.float32, 8) == kernel
+
+
 POINTWISE_CASES = [
     conv_case((2, 3, 16, 17), (4, 3, 1, 1), {}, "pointwise_large_image"),
     conv_case((2, 4, 3, 5), (6, 2, 1, 1), {"groups": 2}, "pointwise_groups"),
@@ -562,16 +705,25 @@ POINTWISE_CASES = [
     conv_case((0, 3, 16, 16), (2, 3, 1, 1), {}, "pointwise_empty_batch", grad=False),
     conv_case((2, 3, 16, 16), (3, 1, 1, 1), {"groups": 3}, "pointwise", op="depthwise_conv2d"),
     conv_case((2, 4, 2, 3), (4, 2, 1, 1), {"groups": 2}, "pointwise", op="conv2d_transpose"),
+    conv_case((2, 3, 16, 17), (4, 3, 1, 1), {"strides": [2, 3]}, "pointwise_strided"),
+    conv_case(
+        (2, 4, 5, 6),
+        (4, 2, 1, 1),
+        {"strides": [2, 2], "groups": 2},
+        "strided",
+        op="conv2d_transpose",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", POINTWISE_CASES, ids=case_id)
 def test_pointwise_path(case, monkeypatch):
-    """1x1 stride-1 unpadded convs: one GEMM per image on the data as it lies (taken on large
-    images; forced here on small ones too)."""
-    if case.inputs["Input"].shape[2:] != (16, 17):
+    """1x1 unpadded convs: one GEMM per image on the data as it lies, or on every stride-th
+    pixel (taken on large images; forced here on small ones too)."""
+    if case.id != "conv2d-pointwise_large_image":
         monkeypatch.setattr(nn_ops, "_POINTWISE_MIN_PIXELS", 1)
-    geo = nn_ops._ConvGeometry((1, 1), (0, 0, 0, 0), (1, 1), case.attrs.get("groups", 1))
+    strides = tuple(case.attrs.get("strides", (1, 1)))
+    geo = nn_ops._ConvGeometry(strides, (0, 0, 0, 0), (1, 1), case.attrs.get("groups", 1))
     filter_shape = case.inputs["Filter"].shape
     assert nn_ops._kernel(filter_shape, geo, (16, 17), np.float64, 2) == "pointwise"
     case.check()
@@ -944,6 +1096,48 @@ BAD = [
         ["FULL"],
     ),
     ("conv2d", {"Input": [3, 8, 8], "Filter": [2, 3, 3, 3]}, {}, ShapeError, ["4-D", "[3, 8, 8]"]),
+    (
+        "conv2d",
+        {"Input": [2, 3, 8, 8], "Filter": [2, 3, 3, 3]},
+        {"fuse_activation": "relu6"},
+        AttrError,
+        ["fuse_activation 'relu6'"],
+    ),
+    (
+        "conv2d",
+        {"Input": [2, 3, 8, 8], "Filter": [2, 3, 3, 3]},
+        {"fuse_brelu": True},
+        AttrError,
+        ["fuse_brelu"],
+    ),
+    (
+        "conv2d",
+        {"Input": [2, 3, 8, 8], "Filter": [2, 3, 3, 3], "Bias": [3]},
+        {},
+        ShapeError,
+        ["Bias [3]", "2 output channels"],
+    ),
+    (
+        "conv2d",
+        {"Input": [2, 3, 8, 8], "Filter": [2, 3, 3, 3]},
+        {"fuse_residual_connection": True},
+        AttrError,
+        ["ResidualData is absent"],
+    ),
+    (
+        "conv2d",
+        {"Input": [2, 3, 8, 8], "Filter": [2, 3, 3, 3], "ResidualData": [2, 2, 6, 6]},
+        {},
+        AttrError,
+        ["ResidualData is given", "fuse_residual_connection is False"],
+    ),
+    (
+        "conv2d",
+        {"Input": [2, 3, 8, 8], "Filter": [2, 3, 3, 3], "ResidualData": [2, 2, 8, 8]},
+        {"fuse_residual_connection": True},
+        ShapeError,
+        ["ResidualData [2, 2, 8, 8]", "Output [2, 2, 6, 6]"],
+    ),
     (
         "conv2d_transpose",
         {"Input": [2, 3, 4, 4], "Filter": [4, 2, 3, 3]},

@@ -7,7 +7,7 @@ import numpy as np
 
 from nestflow.errors import ShapeError
 from nestflow.onnx.exporters.graph import OpContext, exports
-from nestflow.ops.nn import _conv_geometry, _pool_geometry, _pool_pads
+from nestflow.ops.nn import _conv_geometry, _fused_relu, _pool_geometry, _pool_pads
 
 
 def _to_nchw(ctx: OpContext, x: str) -> str:
@@ -53,8 +53,15 @@ def conv2d(ctx: OpContext) -> None:
         attrs["auto_pad"] = "SAME_UPPER"  # the sizes are known only at run time
     else:
         attrs["pads"] = _onnx_pads(geo.pads)
-    y = ctx.node("Conv", [x, w], **attrs)
-    ctx.set_output("Output", _from_nchw(ctx, y) if _channel_last(ctx) else y)
+    # the fused form: act(conv + Bias + ResidualData) (Bias is Conv's own B input)
+    bias = [ctx.input("Bias")] if ctx.has_input("Bias") else []
+    y = ctx.node("Conv", [x, w, *bias], **attrs)
+    y = _from_nchw(ctx, y) if _channel_last(ctx) else y
+    if ctx.has_input("ResidualData"):
+        y = ctx.node("Add", [y, ctx.input("ResidualData")])
+    if _fused_relu(ctx.attrs):
+        y = ctx.node("Relu", [y])
+    ctx.set_output("Output", y)
 
 
 @exports("conv2d_transpose", "depthwise_conv2d_transpose")

@@ -79,6 +79,10 @@ def _from_4d(node: Node, y: str, dims: int, out: int = 0) -> None:
 
 @mapper("Conv")
 def conv(node: Node) -> None:
+    """Conv, with what follows it when only it reads the conv: an inference
+    BatchNormalization of constants (folded into the filter and bias), then (2-D only) an
+    Add or Sum of one other value already computed (conv2d's ResidualData), then a Relu
+    (conv2d's fused relu); one conv2d op computes them all."""
     x_shape, w_shape = node.shape(0), node.shape(1)
     dims = _spatial_dims(node, len(x_shape))
     kernel = node.attr("kernel_shape", list(w_shape[2:]))
@@ -89,16 +93,72 @@ def conv(node: Node) -> None:
         w, bias = (node.constant(v) for v in folded[:2])
     else:
         w, bias = node.input(1), node.input(2)
-    x, w = _to_4d(node, node.input(0), dims), _to_4d(node, w, dims)
-    if _pointwise(attrs, kernel, w_shape):
-        y = _pointwise_product(node, x, w, attrs["strides"], w_shape[0])
-    else:
-        y = node.op("conv2d", {"Input": x, "Filter": w}, attrs, outputs=("Output",))
-    if bias is not None:  # B [M] lines up with the channels (dim 1)
-        y = node.op("elementwise_add", {"X": y, "Y": bias}, {"axis": 1})
+    inputs = {"Input": _to_4d(node, node.input(0), dims), "Filter": _to_4d(node, w, dims)}
+    inputs["Bias"] = bias  # B [M] lines up with the channels (dim 1)
+    last = folded[2] if folded is not None else node.proto.output[0]
+    absorbed = [] if folded is None else [last]
+    if dims == 2:
+        out_shape = _conv_output_shape(x_shape, w_shape, geometry)
+        residual, relu, after = _fused_after(node, last, out_shape)
+        if residual is not None:
+            inputs["ResidualData"] = residual
+            attrs["fuse_residual_connection"] = True
+        if relu:
+            attrs["fuse_activation"] = "relu"
+        absorbed += after
+    y = node.op("conv2d", inputs, attrs, outputs=("Output",))
     _from_4d(node, y, dims)
-    if folded is not None:
-        node.graph.absorbed[folded[2]] = node.name_of_output(0)
+    for name in absorbed:  # bound to the fused result when the importer reaches them
+        node.graph.absorbed[name] = node.name_of_output(0)
+
+
+def _conv_output_shape(x_shape, w_shape, geometry: dict) -> tuple[int, ...]:
+    """A 2-D Conv's output shape (-1 where unknown) from nestflow's 2-D geometry."""
+    sizes = []
+    for d in range(2):
+        size, k = x_shape[2 + d], w_shape[2 + d]
+        extent = geometry["dilations"][d] * (k - 1) + 1
+        pads = geometry["paddings"][2 * d] + geometry["paddings"][2 * d + 1]
+        stride = geometry["strides"][d]
+        sizes.append(-1 if size < 0 or k < 0 else (size + pads - extent) // stride + 1)
+    return (x_shape[0], w_shape[0], *sizes)
+
+
+def _reader(node: Node, name: str, *op_types: str):
+    """The one node (of the default domain and one of op_types) reading value `name`."""
+    readers = node.graph.readers.get(name, [])
+    reader = readers[0] if len(readers) == 1 else None
+    if reader is None or reader.domain not in ("", "ai.onnx") or reader.op_type not in op_types:
+        return None
+    return reader
+
+
+def _fused_after(node: Node, name: str, out_shape) -> tuple[str | None, bool, list[str]]:
+    """What conv2d's fused form computes of the nodes after value `name` (the conv's result):
+    (ResidualData: the other addend of an Add or Sum of two values that only it reads, when
+    that addend is already computed, of the conv's dtype and adds into its output in place;
+    whether a Relu alone reads the result; the ONNX values thereby computed)."""
+    graph, residual, absorbed = node.graph, None, []
+    add = _reader(node, name, "Add", "Sum")
+    if add is not None and len(add.input) == 2 and len(add.output) == 1 and add.output[0]:
+        other = add.input[1] if add.input[0] == name else add.input[0]
+        bound = graph.lookup(other) if other and other != name else None
+        info = graph.info(bound) if bound is not None else None
+        if info is not None and info.dtype == node.dtype(0) and _adds_into(info.shape, out_shape):
+            residual, name = bound, add.output[0]
+            absorbed.append(name)
+    relu = _reader(node, name, "Relu")
+    if relu is not None and len(relu.output) == 1 and relu.output[0]:
+        absorbed.append(relu.output[0])
+    return residual, relu is not None, absorbed
+
+
+def _adds_into(shape, into) -> bool:
+    """Whether an Add of a value of `shape` to one of shape `into` has shape `into` (-1:
+    unknown; an unknown dim in both, such as the batch, is taken to be one size)."""
+    return len(shape) == len(into) and all(
+        s == t or s == 1 or (s < 0 and t > 1) for s, t in zip(shape, into)
+    )
 
 
 def _folded_batch_norm(node: Node) -> tuple[np.ndarray, np.ndarray, str] | None:
@@ -127,36 +187,6 @@ def _folded_batch_norm(node: Node) -> tuple[np.ndarray, np.ndarray, str] | None:
     weight = (w.astype(np.float64) * factor.reshape(shape)).astype(w.dtype)
     bias = ((b.astype(np.float64) - mean) * factor + beta).astype(w.dtype)
     return weight, bias, bn.output[0]
-
-
-def _pointwise(attrs: dict, kernel, w_shape) -> bool:
-    """A 1x1 convolution without padding or groups, and its filter's size known."""
-    return (
-        list(kernel) in ([1], [1, 1])
-        and attrs["groups"] == 1
-        and not any(attrs["paddings"])
-        and -1 not in w_shape[:2]
-    )
-
-
-def _pointwise_product(node: Node, x: str, w: str, strides, channels: int) -> str:
-    """A 1x1 convolution as one matrix product over every image's pixels: the filter [M, C]
-    times x [N, C, H * W] (NumPy's broadcast matmul: [N, M, H * W], no rearranging copies;
-    a strided 1x1 convolution reads every stride-th pixel first)."""
-    if list(strides) != [1, 1]:
-        rows = {"axes": [2, 3], "starts": [0, 0], "ends": [2**31, 2**31], "strides": strides}
-        x = node.op("strided_slice", {"Input": x}, rows)
-    shape = node.graph.info(x).shape
-    matrix = node.op("reshape", {"X": w}, {"shape": [channels, -1]})
-    pixels = node.op("reshape", {"X": x}, {"shape": [0, 0, -1]})
-    product = node.op("matmul", {"X": matrix, "Y": pixels})
-    if -1 not in shape[2:]:  # [N, M, H * W] -> [N, M, H, W]
-        return node.op("reshape", {"X": product}, {"shape": [0, 0, *shape[2:]]})
-    full = node.op("cast", {"X": node.op("shape", {"Input": x})}, {"out_dtype": "int64"})
-    pixel_dims = node.op("slice", {"Input": full}, {"axes": [0], "starts": [2], "ends": [4]})
-    lead = node.constant(np.asarray([0, 0], np.int64))
-    target = node.op("concat", {"X": [lead, pixel_dims]}, {"axis": 0})
-    return node.op("onnx_reshape", {"X": product, "Shape": target})
 
 
 # ---- pooling ----
