@@ -383,11 +383,12 @@ _POINTWISE_MIN_PIXELS = 256
 _POINTWISE_MIN_WORK = 1 << 20
 
 
-# Winograd runs on at least this many 4x4 output blocks (over the whole batch). Its filter
-# transform costs as much as the products on ~30 blocks, and its small-width GEMMs run slowly:
-# a 512-channel conv of one 7x7 image (4 blocks) takes 3x the im2col GEMM's time, one of 8
-# (32 blocks) 1.4x; at 64 blocks (e.g. one 28x28 image) the two are even.
-_WINOGRAD_MIN_BLOCKS = 64
+# Winograd runs on at least this many 4x4 output blocks (over the whole batch). Below, its
+# filter transform and small-width GEMMs cost more than they save: a 512-channel conv of one
+# 7x7 image (4 blocks) takes 3x the im2col kernel's time; from 16 blocks on (one 14x14 image,
+# four 7x7 ones) the two are even or Winograd is faster (ResNet-50 at batch 8: 3% faster
+# overall than with im2col on its 7x7 convs).
+_WINOGRAD_MIN_BLOCKS = 16
 
 
 def _kernel(w_shape, geo: _ConvGeometry, out_hw, dtype, batch: int) -> str:
