@@ -141,8 +141,8 @@ def _run_process(kind: str, steps: int, ranks: int) -> dict:
 
 def _run_pair(kind: str, steps: int) -> float:
     """Two independent 1-rank processes (no MPI) at once: their combined samples/s. Over one
-    process's alone, that is the most 2 ranks can gain on this machine, whatever the MPI
-    (2 vCPUs sharing one physical core's arithmetic units show about 1.35x on a GEMM)."""
+    process's alone, that is the most 2 ranks can gain on this machine at this moment,
+    whatever the MPI (on a shared VM host it moves with the host's load)."""
     here = str(Path(__file__).resolve())
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     cmd = [sys.executable, here, "--worker", kind, "--steps", str(steps)]

@@ -42,6 +42,11 @@ OPEN_MPI_OPTIONS = (
     "--mca",
     "mpi_yield_when_idle",
     "1",
+    # The ring for non-blocking all-reduce (DistributedOptimizer's buckets): Open MPI's own
+    # choice summed W1's 2.7 MB of gradients over 2 ranks in 3.7 ms, the ring in 0.9 ms.
+    "--mca",
+    "coll_libnbc_iallreduce_algorithm",
+    "1",
 )
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 

@@ -109,6 +109,9 @@ class Communicator:
         """Initialise MPI (once) and take a duplicate of COMM_WORLD, so nestflow's messages
         never mix with the program's own MPI traffic. Every rank must call it."""
         if self.comm is None:
+            # Open MPI reads its settings when MPI starts (on importing mpi4py): the ring for
+            # non-blocking all-reduce unless the user chose (see nestflow.cli.launch).
+            os.environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1")
             try:
                 from mpi4py import MPI
             except ImportError as exc:

@@ -33,6 +33,7 @@ def test_the_command_wraps_mpiexec_with_the_settings_that_work_here(capsys, tmp_
             "--mca pml ob1",
             "--mca btl self,sm,tcp",
             "--mca mpi_yield_when_idle 1",
+            "--mca coll_libnbc_iallreduce_algorithm 1",
             f"--hostfile {hosts}",
             "-x OMP_NUM_THREADS",
             "-x NESTFLOW_TTY",

@@ -202,6 +202,7 @@ def test_outside_mpiexec_init_makes_a_world_of_one_and_the_module_imports_no_mpi
         "d.init(); d.barrier()\n"
         "print(d.is_initialized(), d.rank(), d.world_size(), d.broadcast_bytes(b'x'))\n"
         "print(d.allgather(d.broadcast([1, 2])).tolist(), d.stats().calls)\n"
+        "import os; print(os.environ.get('OMPI_MCA_coll_libnbc_iallreduce_algorithm'))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI"))}
     done = subprocess.run(
@@ -212,6 +213,7 @@ def test_outside_mpiexec_init_makes_a_world_of_one_and_the_module_imports_no_mpi
         "False False 0 1",
         "True 0 1 b'x'",
         "[[1, 2]] {}",
+        "1",  # init asked Open MPI for the ring all-reduce before MPI started
     ]
 
 
