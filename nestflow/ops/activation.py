@@ -59,6 +59,27 @@ def _constant(value: float, dtype) -> np.ndarray:
     return np.asarray(value, dtype)
 
 
+# NumPy's maximum of an array and a scalar runs several times slower than of two arrays
+# (float32 [64, 6, 24, 24]: 280-430 us against 53 us; [32, 128]: 7.7 against 3.6 us), so relu
+# reads zeros from a shared buffer, grown as needed and never written. np.zeros leaves its
+# pages unmapped until read, and reading maps the one zero page: it costs no memory.
+_ZERO_BUFFERS: dict[np.dtype, np.ndarray] = {}
+
+
+def _zeros_shaped(x: np.ndarray) -> np.ndarray:
+    """A read-only view of x.size zeros of x's dtype, in x's shape."""
+    buffer = _ZERO_BUFFERS.get(x.dtype)
+    if buffer is None or buffer.size < x.size:
+        buffer = np.zeros(max(x.size, 4096), x.dtype)
+        buffer.flags.writeable = False
+        _ZERO_BUFFERS[x.dtype] = buffer
+    return buffer[: x.size].reshape(x.shape)
+
+
+def _relu(X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    return np.maximum(_zeros_shaped(X), X, out=out)
+
+
 @register_op
 class relu:
     """Out = max(X, 0)."""
@@ -69,10 +90,12 @@ class relu:
     grad_inplace = {"X@GRAD": "Out@GRAD"}
 
     def specialize(X):
-        # maximum(0, X) as a C-level partial: no Python frame per call.
         if X is None or not X.ndim:
             return None
-        return functools.partial(np.maximum, _constant(0, X.dtype))
+        if all(d >= 0 for d in X.shape) and math.prod(X.shape) < 4096:
+            # small and of known size: maximum(0, X) as a C-level partial, no Python frame
+            return functools.partial(np.maximum, _constant(0, X.dtype))
+        return _relu
 
     def forward(X):
         return np.asarray(np.maximum(X, 0))
