@@ -228,6 +228,14 @@ CONV_CASES = [
     conv_case((2, 4, 5, 5), (3, 4, 1, 1), {"strides": [2, 2]}, "1x1_stride2"),
     conv_case((0, 3, 5, 5), (2, 3, 3, 3), {"paddings": [1, 1]}, "empty_batch", grad=False),
     conv_case(
+        (0, 3, 5, 5),
+        (3, 1, 3, 3),
+        {"groups": 3, "paddings": [1, 1]},
+        "depthwise_empty_batch",
+        op="depthwise_conv2d",
+        grad=False,
+    ),
+    conv_case(
         (2, 3, 9, 8),
         (4, 3, 3, 3),
         {"strides": [2, 2], "paddings": [1, 1]},
@@ -290,6 +298,24 @@ CONV_CASES = [
         op="depthwise_conv2d_transpose",
     ),
     conv_case((0, 2, 3, 3), (2, 2, 3, 3), {}, "empty_batch", op="conv2d_transpose", grad=False),
+    conv_case(
+        (1, 2, 1, 1), (2, 1, 1, 1), {"groups": 2}, "dw_size1", op="depthwise_conv2d_transpose"
+    ),
+    conv_case(
+        (0, 3, 3, 3),
+        (3, 1, 3, 3),
+        {"groups": 3},
+        "dw_empty_batch",
+        op="depthwise_conv2d_transpose",
+        grad=False,
+    ),
+    conv_case(
+        (2, 2, 5, 3),
+        (2, 2, 2, 3),
+        {"groups": 2, "strides": [3, 2], "paddings": [1, 2]},
+        "dw_odd_stride_pad_multiplier",
+        op="depthwise_conv2d_transpose",
+    ),
 ]
 
 
@@ -940,6 +966,21 @@ def test_conv2d_transpose_matches_torch(stride, padding, dilation, groups, extra
 
     compare_with_torch(
         torch, "conv2d_transpose", {"Input": x, "Filter": w}, attrs, "Output", conv_t
+    )
+
+
+@pytest.mark.parametrize("multiplier", (1, 2))
+@pytest.mark.parametrize("stride,padding", ((1, 0), (2, 1), (3, 2)))
+def test_depthwise_conv2d_transpose_matches_torch(stride, padding, multiplier):
+    torch = pytest.importorskip("torch")
+    x, w = normal(2, 3, 5, 4), normal(3, multiplier, 3, 3)
+    attrs = {"strides": [stride, stride], "paddings": [padding, padding], "groups": 3}
+
+    def conv_t(Input, Filter):
+        return torch.nn.functional.conv_transpose2d(Input, Filter, None, stride, padding, 0, 3)
+
+    compare_with_torch(
+        torch, "depthwise_conv2d_transpose", {"Input": x, "Filter": w}, attrs, "Output", conv_t
     )
 
 
