@@ -26,7 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 
 import nestflow as nf
-from nestflow.cli.demo_mlp import Digits, accuracy_of, output_directory, saved_message, train
+from nestflow.cli.demo_mlp import (
+    Digits,
+    accuracy_of,
+    output_directory,
+    saved_message,
+    train,
+    verdict,
+)
 
 EPOCHS = 12
 LEARNING_RATE = 1e-3
@@ -126,11 +133,4 @@ def run(args: argparse.Namespace) -> int:
     reloaded_accuracy = accuracy_of(reloaded, data.test_y)
     identical = reloaded.dtype == trained.dtype and np.array_equal(reloaded, trained)
     print(f"reloaded model test accuracy: {reloaded_accuracy:.2%}")
-    print(f"reloaded predictions identical bit for bit: {identical}")
-    print(f"done in {time.perf_counter() - started:.1f} s")
-    if not identical:
-        return 1
-    if test_accuracy < min_accuracy:
-        print(f"test accuracy {test_accuracy:.2%} is below the required {min_accuracy:.2%}")
-        return 1
-    return 0
+    return verdict(identical, test_accuracy, min_accuracy, started)

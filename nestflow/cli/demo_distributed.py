@@ -40,6 +40,7 @@ from nestflow.cli.demo_mlp import (
     mlp,
     output_directory,
     saved_message,
+    verdict,
 )
 from nestflow.core.threads import threads_summary
 from nestflow.ops.collective import launched_world_size
@@ -118,11 +119,5 @@ def run(args: argparse.Namespace) -> int:
         )
         print(saved_message(args.out, out))
     identical = reloaded.dtype == trained.dtype and np.array_equal(reloaded, trained)
-    print(f"reloaded predictions identical bit for bit: {identical}")
-    print(f"done in {time.perf_counter() - started:.1f} s")
-    if not (same and identical):
-        return 1
-    if test_accuracy < args.min_accuracy:
-        print(f"test accuracy {test_accuracy:.2%} is below the required {args.min_accuracy:.2%}")
-        return 1
-    return 0
+    status = verdict(identical, test_accuracy, args.min_accuracy, started)
+    return status if same else 1

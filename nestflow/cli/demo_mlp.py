@@ -157,6 +157,28 @@ def output_directory(out: str | None, prefix: str) -> Iterator[str]:
         yield temporary
 
 
+def verdict(
+    identical: bool,
+    accuracy: float,
+    min_accuracy: float,
+    started: float,
+    *,
+    reloaded: str = "predictions",
+    measure: str = "test accuracy",
+    timing: str = "",
+) -> int:
+    """A demo's last lines and exit status: whether the reloaded model gave the same results bit
+    for bit, the time taken, then 1 if they differ or `accuracy` is below `min_accuracy`."""
+    print(f"reloaded {reloaded} identical bit for bit: {identical}")
+    print(f"done in {time.perf_counter() - started:.1f} s{timing}")
+    if not identical:
+        return 1
+    if accuracy < min_accuracy:
+        print(f"{measure} {accuracy:.2%} is below the required {min_accuracy:.2%}")
+        return 1
+    return 0
+
+
 def saved_message(out: str | None, path: str) -> str:
     if out:
         return f"saved inference model to {path} (show it: nestflow show {path})"
@@ -197,11 +219,4 @@ def run(args: argparse.Namespace) -> int:
     reloaded_accuracy = accuracy_of(reloaded, data.test_y)
     identical = reloaded.dtype == trained.dtype and np.array_equal(reloaded, trained)
     print(f"reloaded model test accuracy: {reloaded_accuracy:.2%}")
-    print(f"reloaded predictions identical bit for bit: {identical}")
-    print(f"done in {time.perf_counter() - started:.1f} s")
-    if not identical:
-        return 1
-    if test_accuracy < args.min_accuracy:
-        print(f"test accuracy {test_accuracy:.2%} is below the required {args.min_accuracy:.2%}")
-        return 1
-    return 0
+    return verdict(identical, test_accuracy, args.min_accuracy, started)

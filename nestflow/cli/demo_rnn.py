@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import nestflow as nf
-from nestflow.cli.demo_mlp import output_directory, progress_logger, saved_message
+from nestflow.cli.demo_mlp import output_directory, progress_logger, saved_message, verdict
 from nestflow.core.threads import threads_summary
 
 HIDDEN = 16
@@ -183,14 +183,7 @@ def run(args: argparse.Namespace) -> int:
         reloaded = predict(exe, program, feeds, fetches, loaded_scope, test_data)
         print(saved_message(getattr(args, "out", None), out))
     identical = reloaded.dtype == trained.dtype and np.array_equal(reloaded, trained)
-    print(f"reloaded predictions identical bit for bit: {identical}")
-    print(f"done in {time.perf_counter() - started:.1f} s")
-    if not identical:
-        return 1
-    if test_accuracy < min_accuracy:
-        print(f"test accuracy {test_accuracy:.2%} is below the required {min_accuracy:.2%}")
-        return 1
-    return 0
+    return verdict(identical, test_accuracy, min_accuracy, started)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import nestflow as nf
-from nestflow.cli.demo_mlp import output_directory, progress_logger, saved_message
+from nestflow.cli.demo_mlp import output_directory, progress_logger, saved_message, verdict
 from nestflow.core.threads import threads_summary
 
 START, END, DIGIT0 = 0, 1, 2
@@ -329,14 +329,15 @@ def run(args: argparse.Namespace) -> int:
         and np.array_equal(reloaded_ids, beam_ids)
         and np.array_equal(reloaded_scores, beam_scores)
     )
-    print(f"reloaded beam search identical bit for bit: {identical}")
-    print(f"done in {time.perf_counter() - started:.1f} s (training {trained_at - started:.1f} s)")
-    if not identical:
-        return 1
-    if beam_accuracy < min_accuracy:
-        print(f"exact match {beam_accuracy:.2%} is below the required {min_accuracy:.2%}")
-        return 1
-    return 0
+    return verdict(
+        identical,
+        beam_accuracy,
+        min_accuracy,
+        started,
+        reloaded="beam search",
+        measure="exact match",
+        timing=f" (training {trained_at - started:.1f} s)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

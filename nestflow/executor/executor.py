@@ -251,10 +251,7 @@ class Executor:
         `outer`: a dict a control-flow op keeps while it runs one block in many kid scopes of
         one scope (its step scopes). A value not held by `scope` itself is looked up once
         beyond it and remembered there: nothing outside the op changes while it runs."""
-        plans = parent.plan.__dict__.setdefault("_sub_plans", {})
-        plan = plans.get(block.idx)
-        if plan is None or plan.block is not block:
-            plan = plans[block.idx] = BlockPlan(block)
+        plan = _sub_plan(parent, block)
         frame = Frame(plan, scope, self, parent)
         env = frame.env
         slot_of = plan.slot_of
@@ -271,8 +268,8 @@ class Executor:
                 outer[None] = (scope.parent, parent)
             held = scope._held_only()
         if held is not None:
-            # A step scope holding only its kept values: read them, and remembered outer ones,
-            # in place (what _lookup gives, without a call per name).
+            # A step scope holding only its kept values: read them in place (what _lookup
+            # gives, without a call per held name); what it lacks is remembered beyond it.
             index_of, held_values = held
             for name in plan.external_inputs:
                 slot = slot_of[name]
@@ -280,9 +277,7 @@ class Executor:
                     index = index_of.get(name)
                     value = None if index is None else held_values[index]
                     if value is None:
-                        value = outer.get(name, outer)
-                        if value is outer:
-                            value = _lookup(frame, parent, name, outer)
+                        value = _beyond_step(frame, parent, name, outer)
                     env[slot] = value
         else:
             for name in plan.external_inputs:
@@ -331,10 +326,7 @@ class StepRunner:
     __slots__ = ("executor", "plan", "parent", "bound", "free", "remembered", "_map", "_reads")
 
     def __init__(self, executor: Executor, block: Block, parent: Frame, bound: Sequence[str]):
-        plans = parent.plan.__dict__.setdefault("_sub_plans", {})
-        plan = plans.get(block.idx)
-        if plan is None or plan.block is not block:
-            plan = plans[block.idx] = BlockPlan(block)
+        plan = _sub_plan(parent, block)
         self.executor, self.plan, self.parent = executor, plan, parent
         slot_of = plan.slot_of
         self.bound = [(i, slot_of[n]) for i, n in enumerate(bound) if n in slot_of]
@@ -366,12 +358,26 @@ class StepRunner:
                 for slot, index, name in self._reads:
                     value = None if index is None else held_values[index]
                     if value is None:
-                        value = remembered.get(name, remembered)
-                        if value is remembered:
-                            value = _lookup(frame, self.parent, name, remembered)
+                        value = _beyond_step(frame, self.parent, name, remembered)
                     env[slot] = value
         frame.run()
         return frame
+
+
+def _sub_plan(parent: Frame, block: Block) -> BlockPlan:
+    """The plan of sub-block `block`, made once per enclosing plan."""
+    plans = parent.plan.__dict__.setdefault("_sub_plans", {})
+    plan = plans.get(block.idx)
+    if plan is None or plan.block is not block:
+        plan = plans[block.idx] = BlockPlan(block)
+    return plan
+
+
+def _beyond_step(frame: Frame, parent: Frame, name: str, outer: dict) -> Any:
+    """A value a step scope does not hold: remembered in `outer`, else looked up (and
+    remembered there) beyond the step scope."""
+    value = outer.get(name, outer)
+    return _lookup(frame, parent, name, outer) if value is outer else value
 
 
 def _lookup(frame: Frame, parent: Frame, name: str, outer: dict | None = None) -> Any:

@@ -67,6 +67,16 @@ def _file_kind(filename: str) -> int:
     return kind
 
 
+def in_user_code(filename: str) -> bool:
+    """Whether code of `filename` is the user's own: not nestflow (nor a block it generated),
+    the standard library or an installed package."""
+    return (
+        _file_kind(filename) == _USER
+        and not filename.startswith("<nestflow ")
+        and not {"site-packages", "dist-packages"} & set(filename.split(os.sep))
+    )
+
+
 def user_source_line() -> str:
     """'file.py:12 in fn' for the innermost frame of the user's code, outside the nestflow
     package and the standard library: ops a @contextmanager builds when its `with` block

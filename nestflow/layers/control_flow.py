@@ -594,23 +594,11 @@ def create_array(dtype: Any = "float32", name: str | None = None) -> VarDesc:
 def array_write(x: VarDesc, i: VarDesc, array: VarDesc | None = None) -> VarDesc:
     """Set element `i` of `array` to `x` (in place; a new array if none); returns the array.
 
-    >>> i = nf.layers.fill_constant([1], "int64", 0)
-    >>> n = nf.layers.fill_constant([1], "int64", 3)
-    >>> x = nf.layers.fill_constant([2], "float32", 1.0)
-    >>> arr = nf.layers.create_array("float32")
-    >>> cond = nf.layers.less_than(i, n)
-    >>> w = nf.While(cond)
-    >>> with w.block():
-    ...     _ = nf.layers.array_write(nf.layers.scale(x, 2.0), i, array=arr)
-    ...     _ = nf.layers.assign(nf.layers.scale(x, 2.0), output=x)
-    ...     _ = nf.layers.increment(i)
-    ...     _ = nf.layers.less_than(i, n, out=cond)
-    >>> last = nf.layers.array_read(arr, nf.layers.fill_constant([1], "int64", 2))
-    >>> length = nf.layers.array_length(arr)
-    >>> stacked = nf.layers.array_to_tensor(arr)
-    >>> out = nf.Executor(nf.CPUPlace()).run(fetch_list=[x, last, length, stacked])
-    >>> out[0], out[1], int(out[2][0]), out[3].shape
-    (array([8., 8.], dtype=float32), array([8., 8.], dtype=float32), 3, (3, 2))
+    >>> zero, one = (nf.layers.fill_constant([1], "int64", k) for k in (0, 1))
+    >>> arr = nf.layers.array_write(nf.layers.fill_constant([2], "float32", 1.0), zero)
+    >>> arr = nf.layers.array_write(nf.layers.fill_constant([2], "float32", 3.0), one, arr)
+    >>> nf.Executor(nf.CPUPlace()).run(fetch_list=[nf.layers.array_read(arr, one)])[0]
+    array([3., 3.], dtype=float32)
     """
     if array is None:
         array = create_array(x.dtype)
@@ -620,23 +608,11 @@ def array_write(x: VarDesc, i: VarDesc, array: VarDesc | None = None) -> VarDesc
 def array_read(array: VarDesc, i: VarDesc) -> VarDesc:
     """Element `i` of `array` (ControlFlowError at run time if it was never written).
 
-    >>> i = nf.layers.fill_constant([1], "int64", 0)
-    >>> n = nf.layers.fill_constant([1], "int64", 3)
-    >>> x = nf.layers.fill_constant([2], "float32", 1.0)
-    >>> arr = nf.layers.create_array("float32")
-    >>> cond = nf.layers.less_than(i, n)
-    >>> w = nf.While(cond)
-    >>> with w.block():
-    ...     _ = nf.layers.array_write(nf.layers.scale(x, 2.0), i, array=arr)
-    ...     _ = nf.layers.assign(nf.layers.scale(x, 2.0), output=x)
-    ...     _ = nf.layers.increment(i)
-    ...     _ = nf.layers.less_than(i, n, out=cond)
-    >>> last = nf.layers.array_read(arr, nf.layers.fill_constant([1], "int64", 2))
-    >>> length = nf.layers.array_length(arr)
-    >>> stacked = nf.layers.array_to_tensor(arr)
-    >>> out = nf.Executor(nf.CPUPlace()).run(fetch_list=[x, last, length, stacked])
-    >>> out[0], out[1], int(out[2][0]), out[3].shape
-    (array([8., 8.], dtype=float32), array([8., 8.], dtype=float32), 3, (3, 2))
+    >>> zero, one = (nf.layers.fill_constant([1], "int64", k) for k in (0, 1))
+    >>> arr = nf.layers.array_write(nf.layers.fill_constant([2], "float32", 1.0), zero)
+    >>> arr = nf.layers.array_write(nf.layers.fill_constant([2], "float32", 3.0), one, arr)
+    >>> nf.Executor(nf.CPUPlace()).run(fetch_list=[nf.layers.array_read(arr, zero)])[0]
+    array([1., 1.], dtype=float32)
     """
     return append_op("array_read", {"Array": array, "I": i})
 
@@ -644,23 +620,11 @@ def array_read(array: VarDesc, i: VarDesc) -> VarDesc:
 def array_length(array: VarDesc) -> VarDesc:
     """The number of elements of `array` (int64 [1]).
 
-    >>> i = nf.layers.fill_constant([1], "int64", 0)
-    >>> n = nf.layers.fill_constant([1], "int64", 3)
-    >>> x = nf.layers.fill_constant([2], "float32", 1.0)
-    >>> arr = nf.layers.create_array("float32")
-    >>> cond = nf.layers.less_than(i, n)
-    >>> w = nf.While(cond)
-    >>> with w.block():
-    ...     _ = nf.layers.array_write(nf.layers.scale(x, 2.0), i, array=arr)
-    ...     _ = nf.layers.assign(nf.layers.scale(x, 2.0), output=x)
-    ...     _ = nf.layers.increment(i)
-    ...     _ = nf.layers.less_than(i, n, out=cond)
-    >>> last = nf.layers.array_read(arr, nf.layers.fill_constant([1], "int64", 2))
-    >>> length = nf.layers.array_length(arr)
-    >>> stacked = nf.layers.array_to_tensor(arr)
-    >>> out = nf.Executor(nf.CPUPlace()).run(fetch_list=[x, last, length, stacked])
-    >>> out[0], out[1], int(out[2][0]), out[3].shape
-    (array([8., 8.], dtype=float32), array([8., 8.], dtype=float32), 3, (3, 2))
+    >>> zero, one = (nf.layers.fill_constant([1], "int64", k) for k in (0, 1))
+    >>> arr = nf.layers.array_write(nf.layers.fill_constant([2], "float32", 1.0), zero)
+    >>> arr = nf.layers.array_write(nf.layers.fill_constant([2], "float32", 3.0), one, arr)
+    >>> nf.Executor(nf.CPUPlace()).run(fetch_list=[nf.layers.array_length(arr)])[0]
+    array([2])
     """
     return append_op("array_length", {"Array": array}, stop_gradient=True)
 
@@ -668,23 +632,12 @@ def array_length(array: VarDesc) -> VarDesc:
 def array_to_tensor(array: VarDesc, axis: int = 0) -> VarDesc:
     """The array's elements (all one shape) stacked along a new dim `axis`.
 
-    >>> i = nf.layers.fill_constant([1], "int64", 0)
-    >>> n = nf.layers.fill_constant([1], "int64", 3)
-    >>> x = nf.layers.fill_constant([2], "float32", 1.0)
-    >>> arr = nf.layers.create_array("float32")
-    >>> cond = nf.layers.less_than(i, n)
-    >>> w = nf.While(cond)
-    >>> with w.block():
-    ...     _ = nf.layers.array_write(nf.layers.scale(x, 2.0), i, array=arr)
-    ...     _ = nf.layers.assign(nf.layers.scale(x, 2.0), output=x)
-    ...     _ = nf.layers.increment(i)
-    ...     _ = nf.layers.less_than(i, n, out=cond)
-    >>> last = nf.layers.array_read(arr, nf.layers.fill_constant([1], "int64", 2))
-    >>> length = nf.layers.array_length(arr)
-    >>> stacked = nf.layers.array_to_tensor(arr)
-    >>> out = nf.Executor(nf.CPUPlace()).run(fetch_list=[x, last, length, stacked])
-    >>> out[0], out[1], int(out[2][0]), out[3].shape
-    (array([8., 8.], dtype=float32), array([8., 8.], dtype=float32), 3, (3, 2))
+    >>> zero, one = (nf.layers.fill_constant([1], "int64", k) for k in (0, 1))
+    >>> arr = nf.layers.array_write(nf.layers.fill_constant([2], "float32", 1.0), zero)
+    >>> arr = nf.layers.array_write(nf.layers.fill_constant([2], "float32", 3.0), one, arr)
+    >>> nf.Executor(nf.CPUPlace()).run(fetch_list=[nf.layers.array_to_tensor(arr)])[0]
+    array([[1., 1.],
+           [3., 3.]], dtype=float32)
     """
     return append_op("array_to_tensor", {"Array": array}, {"axis": axis})
 

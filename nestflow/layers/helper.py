@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -27,6 +26,7 @@ from nestflow.framework.program import (
     VarDesc,
     default_main_program,
     default_startup_program,
+    in_user_code,
     user_source_line,
 )
 from nestflow.layers.initializer import Constant, Initializer, ParamAttr, Xavier
@@ -93,23 +93,11 @@ def public_layer(layer: Callable) -> Callable:
     return checked
 
 
-_NESTFLOW_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_LIBRARY_DIRS = {"site-packages", "dist-packages"}
-
-
 def _raised_by_user_code(exc: BaseException) -> bool:
-    """Whether a frame of `exc`'s traceback below the layer lies in the user's own files (not
-    nestflow, not the standard library, not an installed package)."""
+    """Whether a frame of `exc`'s traceback below the layer is the user's own code."""
     tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-    stdlib = os.path.dirname(os.__file__) + os.sep
     while tb is not None:
-        filename = tb.tb_frame.f_code.co_filename
-        if not (
-            filename.startswith((_NESTFLOW_DIR, "<frozen "))
-            or (filename.startswith(stdlib) and not _LIBRARY_DIRS & set(filename.split(os.sep)))
-            or _LIBRARY_DIRS & set(filename.split(os.sep))
-            or filename.startswith("<nestflow ")
-        ):
+        if in_user_code(tb.tb_frame.f_code.co_filename):
             return True
         tb = tb.tb_next
     return False
