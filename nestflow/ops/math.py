@@ -7,6 +7,7 @@ import functools
 import numpy as np
 
 from nestflow.errors import DTypeError
+from nestflow.ops.gemm import matmul_tn
 from nestflow.ops.registry import (
     VarInfo,
     broadcast_shapes,
@@ -359,7 +360,7 @@ class matmul:
         if X.ndim == Y.ndim == 2 and not (transpose_X or transpose_Y) and alpha == 1.0:
             # The common matrix product: its two BLAS calls and nothing else (an RNN step).
             dx = Out_grad @ Y.T if needs[0] else None
-            dy = X.T @ Out_grad if needs[1] else None
+            dy = matmul_tn(X, Out_grad) if needs[1] else None
             return dx, dy
         # Work in the matrix form, then undo the vector promotions and broadcasting.
         x = X.reshape(_as_matrix(X.shape, True))
@@ -437,13 +438,13 @@ class mul:
     def backward(X, Y, Out, Out_grad, x_num_col_dims, y_num_col_dims, needs=(True, True)):
         if X.ndim == Y.ndim == 2 and x_num_col_dims == y_num_col_dims == 1:
             dx = Out_grad @ Y.T if needs[0] else None
-            dy = X.T @ Out_grad if needs[1] else None
+            dy = matmul_tn(X, Out_grad) if needs[1] else None
             return dx, dy
         x2 = X.reshape(_flat2d(X.shape, x_num_col_dims))
         y2 = Y.reshape(_flat2d(Y.shape, y_num_col_dims))
         g2 = Out_grad.reshape(x2.shape[0], y2.shape[1])
         dx = (g2 @ y2.T).reshape(X.shape) if needs[0] else None
-        dy = (x2.T @ g2).reshape(Y.shape) if needs[1] else None
+        dy = matmul_tn(x2, g2).reshape(Y.shape) if needs[1] else None
         return dx, dy
 
 

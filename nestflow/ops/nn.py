@@ -30,6 +30,7 @@ from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import winograd
 from nestflow.ops.activation import shared_zeros
+from nestflow.ops.gemm import matmul_nt
 from nestflow.ops.registry import Required, VarInfo, fail, register_op
 
 __all__: list[str] = []
@@ -496,7 +497,7 @@ def _unfinished_conv(x, w, geo: _ConvGeometry, kernel: str, out_hw) -> tuple[np.
     filters = w.reshape(g, m // g, cg * kh * kw)
     if _layout(geo).batch_last:
         # [OH * OW * N, M/g] per group: OpenBLAS runs the product with few output rows slower
-        out = winograd.matmul_nt(np.swapaxes(cols, 1, 2), filters)
+        out = matmul_nt(np.swapaxes(cols, 1, 2), filters)
         out = out.reshape((g,) + out_hw + (n, m // g)).transpose(3, 0, 4, 1, 2)
     else:  # [M/g, N * OH * OW] per group (as fast here): NCHW in runs of OH * OW
         out = np.matmul(filters, cols).reshape((g, m // g, n) + out_hw).transpose(2, 0, 1, 3, 4)
@@ -547,14 +548,14 @@ def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=N
         return winograd.filter_grad(v, grad)
     if kernel == "pointwise":
         pixels = _per_image(_strided(x, geo), geo.groups)
-        per_image = winograd.matmul_nt(_per_image(grad, geo.groups), pixels)
+        per_image = matmul_nt(_per_image(grad, geo.groups), pixels)
         return per_image.sum(axis=0).reshape(w_shape)
     k_hw = tuple(w_shape[2:])
     cols = _reused(kept, (k_hw, geo))
     if cols is None:
         cols = _columns(x, k_hw, geo, grad.shape[2:])
     grad_g = _grouped_grad(grad, geo) if grad_g is None else grad_g
-    return winograd.matmul_nt(grad_g, cols).reshape(w_shape)
+    return matmul_nt(grad_g, cols).reshape(w_shape)
 
 
 # ---- conv2d and depthwise_conv2d ----

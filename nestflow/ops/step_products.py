@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
+from nestflow.ops.gemm import matmul_tn
 from nestflow.ops.ifelse import grad_value, scope_array
 from nestflow.ops.registry import get_op_def
 
@@ -110,35 +111,6 @@ class DeferredProduct:
             ]
             return sum(dys[1:], dys[0])
         n = y.size // k
-        total = None
-        rows: list[np.ndarray] = []
-        grads: list[np.ndarray] = []
-        count = 0
-        for x, g in zip(xs, gs):
-            rows.append(x.reshape(-1, k))
-            grads.append(g.reshape(-1, n))
-            count += rows[-1].shape[0]
-            if count >= PIECE_ROWS:
-                total = _add_product(total, rows, grads)
-                rows, grads, count = [], [], 0
-        if rows:
-            total = _add_product(total, rows, grads)
-        return total.reshape(y.shape)
-
-
-# OpenBLAS runs X^T @ G with a long inner dimension (the steps' rows) and a small output 2-3x
-# slower than the same product summed over pieces of 128 rows (W3's [1024, 128]^T @ [1024,
-# 128]: 2.4 ms in one GEMM, 1.1 ms in pieces); the order of the sum is fixed, so results are
-# deterministic.
-PIECE_ROWS = 128
-
-
-def _add_product(total: np.ndarray | None, rows: list, grads: list) -> np.ndarray:
-    """total + (rows stacked)^T @ (grads stacked), the stacks made of one or more steps."""
-    x = rows[0] if len(rows) == 1 else np.concatenate(rows)
-    g = grads[0] if len(grads) == 1 else np.concatenate(grads)
-    product = x.T @ g
-    if total is None:
-        return product
-    total += product
-    return total
+        x = np.concatenate([x.reshape(-1, k) for x in xs])
+        g = np.concatenate([g.reshape(-1, n) for g in gs])
+        return matmul_tn(x, g).reshape(y.shape)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from nestflow.ops.gemm import matmul_nt
+
 _BT = np.array(
     [
         [4, 0, -5, 0, 1, 0],
@@ -49,30 +51,6 @@ _FILTER = np.kron(_G, _G)  # [36, 9]
 
 # Below this many input or output channels the transforms cost more than they save.
 MIN_CHANNELS = 16
-
-# The longest summed axis one BLAS call gets in matmul_nt.
-_K_CHUNK = 512
-
-
-def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a [..., M, K] times b [..., N, K] transposed: [..., M, N] (a transposed view when
-    M < N). Two habits of OpenBLAS's single-threaded sgemm, measured on the W8 and W9
-    benchmarks' shapes: a product whose output has few rows runs up to 2.5x slower than its
-    transpose (so the larger of M, N becomes the rows), and a small-output product with a long
-    K (a filter gradient's 64x64 summed over 25088 pixels) runs at under half speed in one
-    call (so such a K is summed in pieces of at most _K_CHUNK)."""
-    if a.shape[-2] < b.shape[-2]:
-        return np.swapaxes(matmul_nt(b, a), -1, -2)
-    k = a.shape[-1]
-    # only a long K into a small output; with N < 16 the calls' overhead outweighs the gain
-    chunked = b.shape[-2] >= 16 and k > 4 * a.shape[-2]
-    pieces = max(1, -(-k // _K_CHUNK)) if chunked else 1
-    size = max(1, -(-k // pieces))
-    total = np.matmul(a[..., :size], np.swapaxes(b[..., :size], -1, -2))
-    for start in range(size, k, size):
-        part = slice(start, start + size)
-        total += np.matmul(a[..., part], np.swapaxes(b[..., part], -1, -2))
-    return total
 
 
 def applies(w_shape, strides, dilations, groups, dtype) -> bool:

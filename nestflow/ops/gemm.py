@@ -1,0 +1,55 @@
+"""Matrix products laid out for OpenBLAS's single-threaded sgemm, whose speed on some shapes
+depends on more than the arithmetic. Measured on the benchmarks' shapes (one BLAS thread, the
+project's 2-vCPU AMD EPYC machine, OpenBLAS 0.3.31's Haswell kernels):
+
+- a product whose output has few rows runs up to 2.5x slower than its transpose;
+- a product summed over a long axis K runs 2-3x slower in one call than in pieces of a few
+  hundred: a weight gradient X^T @ dOut summed over 1,024 rows (64x128 out) took 1.2 ms in one
+  call and 0.58 ms in pieces of 128 rows; 256x256 over 256 rows, 2.9 ms against 1.0 ms.
+
+Summing in pieces changes the order of the additions, not the result's accuracy; the order is
+fixed by the shapes, so results stay deterministic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Rows of X and dOut per BLAS call in matmul_tn: of 64, 128, 256 and one call, 128 was fastest
+# on every weight-gradient shape measured (outputs 64x128 to 784x256, 256 to 4,096 rows).
+TN_PIECE_ROWS = 128
+
+# The longest summed axis one BLAS call gets in matmul_nt (tuned on the conv benchmarks W8, W9).
+NT_PIECE = 512
+
+
+def matmul_tn(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """x [K, M] transposed times g [K, N]: [M, N], the weight gradient of a product x @ W
+    (K: the rows of a batch, or of all steps of a loop). Summed over pieces of TN_PIECE_ROWS
+    rows when K is long (2-D float arrays; anything else is one np.matmul)."""
+    rows = x.shape[0]
+    if rows < 2 * TN_PIECE_ROWS or x.ndim != 2 or g.ndim != 2:
+        return np.matmul(x.T, g)
+    total = np.matmul(x[:TN_PIECE_ROWS].T, g[:TN_PIECE_ROWS])
+    for start in range(TN_PIECE_ROWS, rows, TN_PIECE_ROWS):
+        stop = start + TN_PIECE_ROWS
+        total += np.matmul(x[start:stop].T, g[start:stop])
+    return total
+
+
+def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a [..., M, K] times b [..., N, K] transposed: [..., M, N] (a transposed view when
+    M < N, so the larger of M, N becomes the rows). A long K into a small output (a filter
+    gradient's 64x64 summed over 25,088 pixels) is summed in pieces of at most NT_PIECE."""
+    if a.shape[-2] < b.shape[-2]:
+        return np.swapaxes(matmul_nt(b, a), -1, -2)
+    k = a.shape[-1]
+    # only a long K into a small output; with N < 16 the calls' overhead outweighs the gain
+    chunked = b.shape[-2] >= 16 and k > 4 * a.shape[-2]
+    pieces = max(1, -(-k // NT_PIECE)) if chunked else 1
+    size = max(1, -(-k // pieces))
+    total = np.matmul(a[..., :size], np.swapaxes(b[..., :size], -1, -2))
+    for start in range(size, k, size):
+        part = slice(start, start + size)
+        total += np.matmul(a[..., part], np.swapaxes(b[..., part], -1, -2))
+    return total

@@ -1,0 +1,61 @@
+"""The BLAS-shaped products of nestflow/ops/gemm.py equal one plain NumPy product."""
+
+import numpy as np
+import pytest
+
+from nestflow.ops.gemm import NT_PIECE, TN_PIECE_ROWS, matmul_nt, matmul_tn
+
+
+@pytest.mark.parametrize(
+    "rows", [0, 1, 7, TN_PIECE_ROWS, 2 * TN_PIECE_ROWS - 1, 2 * TN_PIECE_ROWS, 1000, 1031]
+)
+@pytest.mark.parametrize("m, n", [(1, 1), (3, 5), (64, 128)])
+def test_matmul_tn_equals_one_product(rows, m, n):
+    rng = np.random.default_rng(rows + 7 * m + n)
+    x, g = rng.standard_normal((rows, m)), rng.standard_normal((rows, n))
+    got = matmul_tn(x, g)
+    assert got.shape == (m, n) and got.dtype == np.float64
+    np.testing.assert_allclose(got, x.T @ g, rtol=1e-12, atol=1e-12)
+
+
+def test_matmul_tn_float32_and_integers():
+    rng = np.random.default_rng(0)
+    x, g = rng.standard_normal((700, 9), "float32"), rng.standard_normal((700, 4), "float32")
+    got = matmul_tn(x, g)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, x.astype("float64").T @ g.astype("float64"), rtol=1e-4)
+    xi, gi = rng.integers(-5, 5, (600, 3)), rng.integers(-5, 5, (600, 2))
+    np.testing.assert_array_equal(matmul_tn(xi, gi), xi.T @ gi)
+
+
+def test_matmul_tn_is_deterministic_and_leaves_inputs_alone():
+    rng = np.random.default_rng(1)
+    x, g = rng.standard_normal((999, 16), "float32"), rng.standard_normal((999, 8), "float32")
+    before = x.copy(), g.copy()
+    assert np.array_equal(matmul_tn(x, g), matmul_tn(x, g))
+    np.testing.assert_array_equal(x, before[0])
+    np.testing.assert_array_equal(g, before[1])
+
+
+def test_matmul_tn_strided_views():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((600, 10))[:, ::2]  # non-contiguous columns
+    g = rng.standard_normal((1200, 3))[::2]  # every other row
+    np.testing.assert_allclose(matmul_tn(x, g), x.T @ g, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [
+        ((5, 7), (3, 7)),  # M > N
+        ((3, 7), (5, 7)),  # M < N: computed transposed
+        ((64, 4 * NT_PIECE + 3), (64, 4 * NT_PIECE + 3)),  # long K: summed in pieces
+        ((2, 20, 3000), (2, 16, 3000)),  # batched
+        ((4, 0), (6, 0)),  # K = 0
+        ((1, 1), (1, 1)),
+    ],
+)
+def test_matmul_nt_equals_one_product(a_shape, b_shape):
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    np.testing.assert_allclose(matmul_nt(a, b), a @ np.swapaxes(b, -1, -2), rtol=1e-12, atol=1e-11)
