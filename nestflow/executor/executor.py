@@ -321,9 +321,20 @@ class StepRunner:
     once: the bound names' slots, and each other input's source. An input a step scope holds
     (a kept forward value) is read from it by index: step scopes kept by one loop share one
     name -> index map. Anything else lies beyond the step scopes and is looked up once per
-    runner (nothing outside the loop op changes while it runs)."""
+    runner (nothing outside the loop op changes while it runs), into an env template that
+    each step copies."""
 
-    __slots__ = ("executor", "plan", "parent", "bound", "free", "remembered", "_map", "_reads")
+    __slots__ = (
+        "executor",
+        "plan",
+        "parent",
+        "bound",
+        "free",
+        "remembered",
+        "_map",
+        "_reads",
+        "_template",
+    )
 
     def __init__(self, executor: Executor, block: Block, parent: Frame, bound: Sequence[str]):
         plan = _sub_plan(parent, block)
@@ -335,33 +346,55 @@ class StepRunner:
         self.remembered: dict = {}
         self._map: dict | None = None
         self._reads: list = []
+        self._template: list = [None] * len(plan.names)
 
     def run(self, scope: Scope, values: Sequence[Any]) -> Frame:
         """Run the block in `scope` (a step scope) with `values` (none of them None) for the
         bound names, in order; returns the finished frame."""
-        frame = Frame(self.plan, scope, self.executor, self.parent)
-        env = frame.env
+        held = scope._held_only() if self.free else _NO_FREE_INPUTS
+        if held is None:  # the scope has Variables: the general lookup, name by name
+            frame = Frame(self.plan, scope, self.executor, self.parent)
+            env = frame.env
+            for i, slot in self.bound:
+                env[slot] = values[i]
+            for slot, name in self.free:
+                if env[slot] is None:
+                    env[slot] = _lookup(frame, self.parent, name, self.remembered)
+            frame.run()
+            return frame
+        index_of, held_values = held
+        if index_of is not self._map:
+            self._read_through(scope, index_of)
+        env = self._template.copy()
         for i, slot in self.bound:
             env[slot] = values[i]
-        if self.free:
-            held = scope._held_only()
-            if held is None:  # the scope has Variables: the general lookup, name by name
-                for slot, name in self.free:
-                    if env[slot] is None:
-                        env[slot] = _lookup(frame, self.parent, name, self.remembered)
-            else:
-                index_of, held_values = held
-                if index_of is not self._map:
-                    self._map = index_of
-                    self._reads = [(slot, index_of.get(name), name) for slot, name in self.free]
-                remembered = self.remembered
-                for slot, index, name in self._reads:
-                    value = None if index is None else held_values[index]
-                    if value is None:
-                        value = _beyond_step(frame, self.parent, name, remembered)
-                    env[slot] = value
+        for slot, index, name in self._reads:
+            value = held_values[index]
+            if value is None:  # this step scope holds nothing under the name: look beyond
+                outer = Frame(self.plan, scope, None)
+                value = _beyond_step(outer, self.parent, name, self.remembered)
+            env[slot] = value
+        frame = Frame(self.plan, scope, self.executor, self.parent, env)
         frame.run()
         return frame
+
+    def _read_through(self, scope: Scope, index_of: dict[str, int]) -> None:
+        """Sources of the free inputs for step scopes holding values by `index_of`: a held
+        value's index, else the value beyond the step scopes, put in the env template."""
+        self._map = index_of
+        self._reads = []
+        template = self._template = [None] * len(self.plan.names)
+        lookup_frame = Frame(self.plan, scope, None)
+        for slot, name in self.free:
+            index = index_of.get(name)
+            if index is None:
+                template[slot] = _beyond_step(lookup_frame, self.parent, name, self.remembered)
+            else:
+                self._reads.append((slot, index, name))
+
+
+# What StepRunner.run reads a block with no free inputs from (a held-only scope, holding none).
+_NO_FREE_INPUTS: tuple[dict[str, int], list] = ({}, [])
 
 
 def _sub_plan(parent: Frame, block: Block) -> BlockPlan:

@@ -91,9 +91,11 @@ class Frame:
 
     __slots__ = ("plan", "env", "scope", "executor", "parent", "check_nan_inf")
 
-    def __init__(self, plan: BlockPlan, scope, executor, parent: Frame | None = None):
+    def __init__(
+        self, plan: BlockPlan, scope, executor, parent: Frame | None = None, env: list | None = None
+    ):
         self.plan = plan
-        self.env = [None] * len(plan.names)
+        self.env = [None] * len(plan.names) if env is None else env
         self.scope = scope
         self.executor = executor
         self.parent = parent

@@ -13,6 +13,8 @@ fixed by the shapes, so results stay deterministic.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 import numpy as np
 
 # Rows of X and dOut per BLAS call in matmul_tn: of 64, 128, 256 and one call, 128 was fastest
@@ -25,15 +27,43 @@ NT_PIECE = 512
 
 def matmul_tn(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     """x [K, M] transposed times g [K, N]: [M, N], the weight gradient of a product x @ W
-    (K: the rows of a batch, or of all steps of a loop). Summed over pieces of TN_PIECE_ROWS
-    rows when K is long (2-D float arrays; anything else is one np.matmul)."""
+    (K: the rows of a batch). Summed over pieces of TN_PIECE_ROWS rows when K is long (2-D
+    arrays; anything else is one np.matmul)."""
     rows = x.shape[0]
     if rows < 2 * TN_PIECE_ROWS or x.ndim != 2 or g.ndim != 2:
         return np.matmul(x.T, g)
-    total = np.matmul(x[:TN_PIECE_ROWS].T, g[:TN_PIECE_ROWS])
-    for start in range(TN_PIECE_ROWS, rows, TN_PIECE_ROWS):
-        stop = start + TN_PIECE_ROWS
-        total += np.matmul(x[start:stop].T, g[start:stop])
+    pieces = range(0, rows, TN_PIECE_ROWS)
+    return _summed((x[i : i + TN_PIECE_ROWS], g[i : i + TN_PIECE_ROWS]) for i in pieces)
+
+
+def matmul_tn_blocks(xs: Sequence[np.ndarray], gs: Sequence[np.ndarray]) -> np.ndarray:
+    """The sum of xs[i]^T @ gs[i] over 2-D blocks with one column count each (a loop's steps):
+    consecutive blocks are stacked into pieces of at least TN_PIECE_ROWS rows, one BLAS call
+    each, each piece stacked just before its call (while it is in cache)."""
+
+    def pieces():
+        start, rows = 0, 0
+        for stop, x in enumerate(xs, 1):
+            rows += x.shape[0]
+            if rows >= TN_PIECE_ROWS or stop == len(xs):
+                yield _stacked(xs[start:stop]), _stacked(gs[start:stop])
+                start, rows = stop, 0
+
+    return _summed(pieces())
+
+
+def _stacked(blocks: Sequence[np.ndarray]) -> np.ndarray:
+    return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+
+
+def _summed(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    total = None
+    for x, g in pairs:
+        product = np.matmul(x.T, g)
+        if total is None:
+            total = product
+        else:
+            total += product
     return total
 
 

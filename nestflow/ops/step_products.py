@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
-from nestflow.ops.gemm import matmul_tn
-from nestflow.ops.ifelse import grad_value, scope_array
+from nestflow.ops.gemm import matmul_tn_blocks
+from nestflow.ops.ifelse import scope_array
 from nestflow.ops.registry import get_op_def
 
 _PARAMETER_PRODUCTS = ("matmul_grad", "mul_grad")
@@ -79,19 +79,33 @@ def _product_is_plain(op: OpDesc) -> bool:
 class DeferredProduct:
     """One deferred parameter product: the steps' X and dOut, multiplied once at the end."""
 
-    __slots__ = ("kind", "x_name", "g_name", "col_dims", "xs", "gs")
+    __slots__ = ("kind", "x_name", "g_name", "col_dims", "xs", "gs", "_plan", "_slots")
 
     def __init__(self, kind: str, x_name: str, g_name: str, col_dims: int):
         self.kind, self.x_name, self.g_name, self.col_dims = kind, x_name, g_name, col_dims
         self.xs: list[Any] = []
         self.gs: list[Any] = []
+        self._plan = None
+        self._slots: tuple[int | None, int | None] = (None, None)
 
     def collect(self, scope, frame, values: dict[str, Any]) -> None:
-        """Keep step X (from its step scope) and dOut (the step's gradient frame, else bound)."""
-        grad = grad_value(frame, values, self.g_name)
-        if grad is None:  # no gradient reached the product this step
-            return
-        self.xs.append(scope_array(scope, self.x_name))
+        """Keep step X and dOut: each from the step's gradient frame (X is one of its inputs,
+        read from the kept step scope), else X from the step scope and dOut bound as a seed."""
+        if frame.plan is not self._plan:  # slots are per plan: looked up once per loop
+            slot_of = frame.plan.slot_of
+            self._plan, self._slots = (
+                frame.plan,
+                (slot_of.get(self.x_name), slot_of.get(self.g_name)),
+            )
+        x_slot, g_slot = self._slots
+        env = frame.env
+        grad = env[g_slot] if g_slot is not None else None
+        if grad is None:
+            grad = values.get(self.g_name) if self.g_name else None
+            if grad is None:  # no gradient reached the product this step
+                return
+        x = env[x_slot] if x_slot is not None else None
+        self.xs.append(scope_array(scope, self.x_name) if x is None else x)
         self.gs.append(grad)
 
     def finish(self, y: np.ndarray) -> np.ndarray | None:
@@ -101,7 +115,7 @@ class DeferredProduct:
             return None
         if self.kind == "mul":
             k = int(np.prod(y.shape[: self.col_dims]))
-        elif y.ndim == 2 and all(np.ndim(x) == 2 for x in xs):
+        elif y.ndim == 2 and all(getattr(x, "ndim", 0) == 2 for x in xs):
             k = y.shape[0]
         else:  # batched or vector matmuls: each step's own gradient, summed
             kernel = get_op_def("matmul").backward
@@ -111,6 +125,5 @@ class DeferredProduct:
             ]
             return sum(dys[1:], dys[0])
         n = y.size // k
-        x = np.concatenate([x.reshape(-1, k) for x in xs])
-        g = np.concatenate([g.reshape(-1, n) for g in gs])
-        return matmul_tn(x, g).reshape(y.shape)
+        blocks = [x.reshape(-1, k) for x in xs], [g.reshape(-1, n) for g in gs]
+        return matmul_tn_blocks(*blocks).reshape(y.shape)

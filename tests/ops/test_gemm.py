@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from nestflow.ops.gemm import NT_PIECE, TN_PIECE_ROWS, matmul_nt, matmul_tn
+from nestflow.ops.gemm import NT_PIECE, TN_PIECE_ROWS, matmul_nt, matmul_tn, matmul_tn_blocks
 
 
 @pytest.mark.parametrize(
@@ -42,6 +42,19 @@ def test_matmul_tn_strided_views():
     x = rng.standard_normal((600, 10))[:, ::2]  # non-contiguous columns
     g = rng.standard_normal((1200, 3))[::2]  # every other row
     np.testing.assert_allclose(matmul_tn(x, g), x.T @ g, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "block_rows", [[32] * 32, [1], [0, 0], [127, 1, 128, 5], [300], [3, 0, 200, 0, 7]]
+)
+def test_matmul_tn_blocks_equals_one_product_of_the_stacks(block_rows):
+    rng = np.random.default_rng(len(block_rows))
+    xs = [rng.standard_normal((rows, 6)) for rows in block_rows]
+    gs = [rng.standard_normal((rows, 5)) for rows in block_rows]
+    want = np.concatenate(xs).T @ np.concatenate(gs)
+    got = matmul_tn_blocks(xs, gs)
+    assert got.shape == (6, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(
