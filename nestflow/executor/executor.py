@@ -23,6 +23,7 @@ from nestflow.errors import (
     TypeMismatchError,
     UninitializedError,
 )
+from nestflow.executor import plan as plan_module
 from nestflow.executor.plan import BlockPlan, Frame
 from nestflow.framework.nesting import hold_stack_room, nesting_depth, release_stack_room
 from nestflow.framework.program import Block, Program, VarDesc, default_main_program
@@ -334,6 +335,8 @@ class StepRunner:
         "_map",
         "_reads",
         "_template",
+        "_function",
+        "_frame",
     )
 
     def __init__(self, executor: Executor, block: Block, parent: Frame, bound: Sequence[str]):
@@ -347,6 +350,11 @@ class StepRunner:
         self._map: dict | None = None
         self._reads: list = []
         self._template: list = [None] * len(plan.names)
+        # A block of kernels alone runs as its compiled function over each step's env, with
+        # one frame for all steps (to name a failing op); else each step gets a Frame.
+        direct = plan.frame_free and not parent.check_nan_inf and plan_module.profiler is None
+        self._function = plan.compiled(None) if direct else None
+        self._frame = Frame(plan, parent.scope, executor, parent)
 
     def run(self, scope: Scope, values: Sequence[Any]) -> Frame:
         """Run the block in `scope` (a step scope) with `values` (none of them None) for the
@@ -360,8 +368,28 @@ class StepRunner:
             for slot, name in self.free:
                 if env[slot] is None:
                     env[slot] = _lookup(frame, self.parent, name, self.remembered)
-            frame.run()
-            return frame
+        else:
+            env = self._env(scope, held, values)
+            frame = Frame(self.plan, scope, self.executor, self.parent, env)
+        frame.run()
+        return frame
+
+    def step(self, scope: Scope, values: Sequence[Any]) -> list:
+        """As `run`, returning the finished env: without a Frame per step where the block is
+        kernels alone and the step scope holds values only."""
+        held = scope._held_only() if self.free else _NO_FREE_INPUTS
+        if self._function is None or held is None:
+            return self.run(scope, values).env
+        env = self._env(scope, held, values)
+        try:
+            self._function(env, self._frame)
+        except Exception as exc:
+            self._frame.raise_located(exc, env)
+        return env
+
+    def _env(self, scope: Scope, held: tuple[dict[str, int], list], values) -> list:
+        """A step's env in a held-only step scope: the template, the bound values, the held
+        values read by index."""
         index_of, held_values = held
         if index_of is not self._map:
             self._read_through(scope, index_of)
@@ -374,9 +402,7 @@ class StepRunner:
                 outer = Frame(self.plan, scope, None)
                 value = _beyond_step(outer, self.parent, name, self.remembered)
             env[slot] = value
-        frame = Frame(self.plan, scope, self.executor, self.parent, env)
-        frame.run()
-        return frame
+        return env
 
     def _read_through(self, scope: Scope, index_of: dict[str, int]) -> None:
         """Sources of the free inputs for step scopes holding values by `index_of`: a held

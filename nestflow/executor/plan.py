@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Callable
 from sys import getrefcount
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -148,13 +148,19 @@ class Frame:
                 plan.compiled(keep)(self.env, self)
             else:
                 plan.compiled(keep, timed=True)(self.env, self, profiler.recorder(self))
-        except NestflowError as exc:
+        except Exception as exc:
+            self.raise_located(exc, self.env)
+
+    def raise_located(self, exc: Exception, env: Env) -> NoReturn:
+        """Raise `exc`, which an op of this frame's plan raised running over `env`, as the
+        error naming that op and the user's line that made it."""
+        plan = self.plan
+        if isinstance(exc, NestflowError):
             if exc.location is not None:
-                raise
+                raise exc
             index = plan.failing_op(exc)
             raise type(exc)(exc.message, location=plan.ops[index].location()) from exc
-        except Exception as exc:
-            raise plan.runtime_error(plan.failing_op(exc), self.env, exc) from exc
+        raise plan.runtime_error(plan.failing_op(exc), env, exc) from exc
 
     def _run_checked(self) -> None:
         env = self.env
@@ -221,6 +227,9 @@ class BlockPlan:
             written.update(n for n in op.output_names() if n)
         self.written = written
         self.calls: list[_Call] = [self._make_call(op) for op in self.ops]
+        # Every op a kernel over env slots (none runs sub-blocks or reads the frame): the
+        # compiled function may then run with any frame of this plan.
+        self.frame_free = all(get_op_def(op.type).run is None for op in self.ops)
         self.steps: list[Callable] = [call.closure() for call in self.calls]
         self._compiled: dict[frozenset[str] | None, Callable] = {}
         self._codes: set = set()

@@ -94,6 +94,35 @@ def _running(lengths: np.ndarray | None, steps: int) -> list[np.ndarray | None]:
     return [None if t < shortest else masks[t] for t in range(steps)]
 
 
+def _step_parts(grad, scopes: list, name: str, running: list) -> list[np.ndarray]:
+    """A seeded step output's gradient, grad [batch, steps, ...] (None: zeros), as each step's
+    slice shaped like the step's value, with the rows of finished sequences zeroed."""
+    if not scopes:
+        return []
+    step = np.asarray(scope_array(scopes[-1], name))
+    if grad is None:
+        return [np.zeros(step.shape, dtype=step.dtype)] * len(scopes)
+    parts = []
+    for part, active in zip(np.moveaxis(grad, 1, 0), running):
+        part = part if active is None else _masked(part, active)
+        parts.append(part if part.shape == step.shape else part.reshape(step.shape))
+    return parts
+
+
+def _stacked_steps(grads: list[Any], sequence: np.ndarray) -> np.ndarray | None:
+    """The steps' gradients of one input's time slices as one array like `sequence` (a step
+    no gradient reached: zeros); None when none reached any."""
+    first = next((g for g in grads if g is not None), None)
+    if first is None:
+        return None
+    zeros = None
+    for t, grad in enumerate(grads):
+        if grad is None:
+            zeros = zeros if zeros is not None else np.zeros(sequence[:, t].shape, first.dtype)
+            grads[t] = zeros
+    return np.stack(grads, axis=1).reshape(sequence.shape)
+
+
 def _same_shape(new: Any, old: np.ndarray, name: str, update: str, t: int) -> np.ndarray:
     """A memory's update as an array of the memory's shape; ControlFlowError otherwise."""
     new = np.asarray(new) if isinstance(new, np.generic) else new
@@ -205,18 +234,26 @@ class recurrent:
         updated = list(zip(memories, updates, update_slots))
         written = list(enumerate(zip(outs, out_slots)))
         running = _running(lengths, steps)
+        # Each input's time slices, made at once ([batch, ...] views, as value[:, t]).
+        slices = [list(np.moveaxis(value, 1, 0)) for value in sequences]
+        # Where every update and output is a variable of the step, steps need no Frame.
+        frame = None
+        by_env = None not in update_slots and None not in out_slots
         for t in range(steps):
             active = running[t]
             scope = new_scope()
             scopes.append(scope)
-            values = [value[:, t] for value in sequences]
+            values = [value[t] for value in slices]
             values += [current[name] for name in memories]
-            frame = runner.run(scope, values)
-            env = frame.env
+            if by_env:
+                env = runner.step(scope, values)
+            else:
+                frame = runner.run(scope, values)
+                env = frame.env
             scope._hold(kept, env)
             for name, update, slot in updated:
                 new = env[slot] if slot is not None else None
-                if new is None:
+                if new is None and frame is not None:
                     new = _step_value(frame, dict(zip(bound_names, values)), update)
                 old = current[name]
                 if type(new) is not np.ndarray or new.shape != old.shape:
@@ -226,7 +263,7 @@ class recurrent:
                 current[name] = new
             for i, (name, slot) in written:
                 value = env[slot] if slot is not None else None
-                if value is None:
+                if value is None and frame is not None:
                     value = _step_value(frame, dict(zip(bound_names, values)), name)
                 if type(value) is not np.ndarray or not value.ndim or value.shape[0] != batch:
                     value = _as_rows(value, batch, name, "step output")
@@ -381,29 +418,26 @@ class recurrent_grad:
         seed_names = list(dict.fromkeys([s for _, s, _ in seeded_outs + seeded_memories]))
         runner = ctx.executor.step_runner(grad_block, ctx.frame, seed_names)
         running = _running(lengths, len(scopes))
-        slot_of = runner.plan.slot_of
+        plan = runner.plan
+        slot_of = plan.slot_of
         # Where each gradient the loop reads after a step is: its slot in the step's gradient
         # frame, else (a seed passed straight through) the seed bound to it.
         memory_reads = [(name, slot_of.get(g), g) for name, _, g in seeded_memories]
-        x_reads = [(i, slot_of.get(g), g) for i, g in x_wanted]
         p_reads = [(total, slot_of.get(g), g) for total, g in p_wanted]
         products = list(deferred.values())
-        # A step output's shape (and dtype) is one over the steps: read it once, from the last.
-        out_steps: dict[str, np.ndarray] = {}
+        # Each seeded output's gradient slice of every step, finished rows zeroed, made before
+        # the loop (a step output's shape and dtype are one over the steps: from the last).
+        out_parts = [
+            (seed, _step_parts(grad, scopes, name, running)) for name, seed, grad in seeded_outs
+        ]
+        x_steps: list[list[Any]] = [[None] * len(scopes) for _ in x_wanted]
+        x_reads = [(steps_of, slot_of.get(g), g) for steps_of, (_, g) in zip(x_steps, x_wanted)]
         for t in reversed(range(len(scopes))):
             scope = scopes[t]
             active = running[t]
             values: dict[str, Any] = {}
-            for name, seed, grad in seeded_outs:
-                step = out_steps.get(name)
-                if step is None:
-                    step = out_steps[name] = np.asarray(scope_array(scope, name))
-                if grad is None:
-                    part = np.zeros(step.shape, dtype=step.dtype)
-                else:
-                    part = grad[:, t] if active is None else _masked(grad[:, t], active)
-                    if part.shape != step.shape:
-                        part = part.reshape(step.shape)
+            for seed, parts in out_parts:
+                part = parts[t]
                 values[seed] = values[seed] + part if seed in values else part
             passed: dict[str, Any] = {}
             for name, seed, _ in seeded_memories:
@@ -415,8 +449,7 @@ class recurrent_grad:
                     passed[name] = np.where(rows, np.zeros((), grad.dtype), grad)
                     grad = np.where(rows, grad, np.zeros((), grad.dtype))
                 values[seed] = values[seed] + grad if seed in values else grad
-            frame = runner.run(scope, [values[name] for name in seed_names])
-            env = frame.env
+            env = runner.step(scope, [values[name] for name in seed_names])
             for name, slot, grad_name in memory_reads:
                 grad = env[slot] if slot is not None else None
                 if grad is None:
@@ -428,16 +461,9 @@ class recurrent_grad:
                     if held is not None:
                         grad = grad + held
                 flowing[name] = grad
-            for i, slot, grad_name in x_reads:
+            for steps_of, slot, grad_name in x_reads:
                 grad = env[slot] if slot is not None else None
-                if grad is None:
-                    grad = values.get(grad_name)
-                    if grad is None:
-                        continue
-                if x_grads[i] is None:
-                    x_grads[i] = np.zeros(sequences[i].shape, dtype=grad.dtype)
-                # Each step's slice is written once (steps never repeat): a copy, not an add.
-                x_grads[i][:, t] = grad
+                steps_of[t] = values.get(grad_name) if grad is None else grad
             for total, slot, grad_name in p_reads:
                 grad = env[slot] if slot is not None else None
                 if grad is None:
@@ -445,7 +471,9 @@ class recurrent_grad:
                 if grad is not None:
                     total.add(grad)
             for product in products:
-                product.collect(scope, frame, values)
+                product.collect(scope, plan, env, values)
+        for (i, _), steps_of in zip(x_wanted, x_steps):
+            x_grads[i] = _stacked_steps(steps_of, sequences[i])
         for total, name, value in zip(p_sums, attrs["param_grads"], params):
             if name in deferred and (grad := deferred[name].finish(value)) is not None:
                 total.add(grad)

@@ -88,17 +88,14 @@ class DeferredProduct:
         self._plan = None
         self._slots: tuple[int | None, int | None] = (None, None)
 
-    def collect(self, scope, frame, values: dict[str, Any]) -> None:
-        """Keep step X and dOut: each from the step's gradient frame (X is one of its inputs,
-        read from the kept step scope), else X from the step scope and dOut bound as a seed."""
-        if frame.plan is not self._plan:  # slots are per plan: looked up once per loop
-            slot_of = frame.plan.slot_of
-            self._plan, self._slots = (
-                frame.plan,
-                (slot_of.get(self.x_name), slot_of.get(self.g_name)),
-            )
+    def collect(self, scope, plan, env: list, values: dict[str, Any]) -> None:
+        """Keep step X and dOut: each from the step's gradient env (of `plan`; X is one of
+        its inputs, read from the kept step scope), else X from the step scope and dOut bound
+        as a seed."""
+        if plan is not self._plan:  # slots are per plan: looked up once per loop
+            slot_of = plan.slot_of
+            self._plan, self._slots = plan, (slot_of.get(self.x_name), slot_of.get(self.g_name))
         x_slot, g_slot = self._slots
-        env = frame.env
         grad = env[g_slot] if g_slot is not None else None
         if grad is None:
             grad = values.get(self.g_name) if self.g_name else None

@@ -248,7 +248,7 @@ class while_grad:
                 elif grad is not None:
                     summed.setdefault(name, GradSum()).add(grad)
             for product in deferred.values():
-                product.collect(scope, frame, values)
+                product.collect(scope, frame.plan, frame.env, values)
         for name, grad_name, value in zip(x_names, attrs["x_grads"], x_values):
             if grad_name in deferred and (grad := deferred[grad_name].finish(value)) is not None:
                 summed.setdefault(name, GradSum()).add(grad)
