@@ -538,3 +538,28 @@ def test_no_time_steps_with_an_unknown_output_row_shape_is_a_clear_error():
     out = rnn()
     with pytest.raises(nf.errors.ControlFlowError, match="no time steps"):
         nf.Executor().run(feed={"x": np.zeros((2, 0, 3))}, fetch_list=[out], scope=nf.Scope())
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_kernel_failing_in_a_step_names_its_op_and_line(train):
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 4, -1])
+        w = nf.layers.create_parameter([3, 2], "float32", name="w")
+        rnn = nf.rnn(hoist=False)  # the product stays in the step block
+        with rnn.step():
+            xt = rnn.step_input(x)
+            h = rnn.memory(shape=[2])
+            y = nf.layers.matmul(xt, w) + rnn.previous_memory(h)  # the failing op's line
+            rnn.update_memory(h, y)
+            rnn.output(y)
+        out = rnn()
+        if train:
+            nf.optimizer.SGD(0.1).minimize(nf.layers.mean(out))
+    exe, scope = nf.Executor(), nf.Scope()
+    exe.run(startup, scope=scope)
+    with pytest.raises(nf.errors.ExecutionError, match=r"'matmul' \(#0 in block 1\)") as caught:
+        exe.run(main, feed={"x": np.ones((2, 4, 5), "float32")}, fetch_list=[out], scope=scope)
+    location = caught.value.location
+    assert location.op_type == "matmul" and location.block_idx == 1
+    assert location.source.startswith(f"{__file__}:") and "x: float32[2, 5]" in str(caught.value)
