@@ -176,6 +176,36 @@ def make_torch_step(xs, wx, wh, torch) -> Callable[[], float]:
     return step
 
 
+def blas_state_note() -> str:
+    """Which of OpenBLAS's two speeds this process's weight-gradient GEMMs run at. A process
+    whose GEMMs have all been small-to-medium runs X^T @ dOut over 1,024 rows about 2x slower
+    in one call than in pieces of 128 rows; once the process has run a large GEMM (make bench
+    runs W1 first), one call is about 10% faster than pieces. The NumPy-by-hand step makes two
+    such calls; nestflow sums in pieces (nestflow/ops/gemm.py), so the ratio moves with it."""
+    import time
+
+    from nestflow.ops.gemm import matmul_tn
+
+    rng = np.random.default_rng(0)
+    x, g = rng.standard_normal((2, T * BATCH, N_HID), dtype=np.float32)
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(15):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times) * 1e3
+
+    one, pieces = best(lambda: x.T @ g), best(lambda: matmul_tn(x, g))
+    return (
+        f"OpenBLAS state: [{T * BATCH}, {N_HID}]^T @ [{T * BATCH}, {N_HID}] took {one:.2f} ms "
+        f"in one call (the NumPy-by-hand step's weight gradients) and {pieces:.2f} ms in pieces "
+        "of 128 rows (nestflow's): about 2x apart in a process that has run no large GEMM yet, "
+        "about 10% the other way once it has (make bench runs W1 first)"
+    )
+
+
 def run(rounds: int = 7) -> dict:
     torch = setup_torch()
     with single_threaded(torch):
@@ -201,6 +231,7 @@ def _run(torch, rounds: int) -> dict:
             notes.append(f"{name} losses {values} differ from NumPy's {losses['numpy']}")
     times = interleaved(cases, rounds=rounds, budget_s=0.15)
     ms = {name: t * 1e3 for name, t in times.items()}
+    notes.append(blas_state_note())
     return {
         "workload": "W3 tanh RNN T=32, batch 32, 64->128, train step, 1 thread",
         "rows": [
