@@ -13,6 +13,7 @@ import pytest
 import nestflow as nf
 from nestflow.core.scope import live_scope_count
 from nestflow.errors import ScopeDestroyedError
+from nestflow.executor.executor import StepRunner
 from nestflow.ops import register_op
 from nestflow.ops.ifelse import GradSum
 from nestflow.ops.registry import _REGISTRY
@@ -214,3 +215,43 @@ def test_grad_sum_adds_in_place_only_into_its_own_array():
     for grad in (np.ones(2, "float32"), np.ones(2, "float32"), np.ones(2)):
         mixed.add(grad)
     assert mixed.value.dtype == np.float64 and mixed.value.tolist() == [3.0, 3.0]  # as a + b
+
+
+@pytest.mark.parametrize("peek", [False, True])
+def test_gradients_are_the_same_when_step_scopes_were_read_by_name(rng, peek, monkeypatch):
+    """Reading a step variable by name makes the step scope's held values Variables; the
+    gradient op then binds each step by name instead of by index, with the same result."""
+    x, w, new, out = _rnn(steps=3)
+    loss = L.reduce_sum(out)
+    nf.append_backward(loss)
+    main = nf.default_main_program()
+    block = main.global_block()
+    if peek:
+        index = next(i for i, op in enumerate(block.ops) if op.type == "recurrent")
+        scopes = block.ops[index].output("StepScopes")[0]
+        block.create_var("peek", [1], "float64")
+        block.insert_op(
+            index + 1,
+            "test_peek_step_scopes",
+            {"Scopes": [scopes]},
+            {"Out": ["peek"]},
+            {"name": new.name},
+        )
+    scope = nf.Scope()
+    exe = nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    xs = rng.normal(size=(2, 3, 2))
+    w0 = scope.find_var("w").get(nf.Tensor).numpy()
+    _seen.clear()
+    general = []  # steps run by name (StepRunner.run), not over a held-value env
+    run = StepRunner.run
+    monkeypatch.setattr(StepRunner, "run", lambda self, *a: general.append(1) or run(self, *a))
+    (got,) = exe.run(feed={"x": xs}, fetch_list=["w@GRAD"], scope=scope)
+    assert len(_seen) == len(general) == (3 if peek else 0)
+    eps, want = 1e-6, np.zeros_like(w0)
+    for i in np.ndindex(*w0.shape):
+        up, down = w0.copy(), w0.copy()
+        up[i] += eps
+        down[i] -= eps
+        want[i] = (_numpy_rnn(xs, up).sum() - _numpy_rnn(xs, down).sum()) / (2 * eps)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
