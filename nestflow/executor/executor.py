@@ -354,7 +354,7 @@ class StepRunner:
         # one frame for all steps (to name a failing op); else each step gets a Frame.
         direct = plan.frame_free and not parent.check_nan_inf and plan_module.profiler is None
         self._function = plan.compiled(None) if direct else None
-        self._frame = Frame(plan, parent.scope, executor, parent)
+        self._frame = Frame(plan, parent.scope, executor, parent) if direct else None
 
     def run(self, scope: Scope, values: Sequence[Any]) -> Frame:
         """Run the block in `scope` (a step scope) with `values` (none of them None) for the

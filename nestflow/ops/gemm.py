@@ -3,9 +3,12 @@ depends on more than the arithmetic. Measured on the benchmarks' shapes (one BLA
 project's 2-vCPU AMD EPYC machine, OpenBLAS 0.3.31's Haswell kernels):
 
 - a product whose output has few rows runs up to 2.5x slower than its transpose;
-- a product summed over a long axis K runs 2-3x slower in one call than in pieces of a few
-  hundred: a weight gradient X^T @ dOut summed over 1,024 rows (64x128 out) took 1.2 ms in one
-  call and 0.58 ms in pieces of 128 rows; 256x256 over 256 rows, 2.9 ms against 1.0 ms.
+- a weight gradient X^T @ dOut summed over many rows has two speeds in one process. Until the
+  process has run some large GEMM, one call over 1,024 rows ([1024, 128]^T @ [1024, 128])
+  took 2.3 ms and the same sum in pieces of 128 rows 1.1 ms; after one (a float32 512x512
+  product, say), one call took 0.97 ms and the pieces 1.07 ms. The pieces are kept: 2x where
+  the slow state holds (a process of small and medium products, such as an RNN's), 10% where
+  it does not.
 
 Summing in pieces changes the order of the additions, not the result's accuracy; the order is
 fixed by the shapes, so results stay deterministic.
@@ -17,8 +20,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-# Rows of X and dOut per BLAS call in matmul_tn: of 64, 128, 256 and one call, 128 was fastest
-# on every weight-gradient shape measured (outputs 64x128 to 784x256, 256 to 4,096 rows).
+# Rows of X and dOut per BLAS call in matmul_tn: of 64, 128 and 256, 128 was fastest on every
+# weight-gradient shape measured (outputs 64x128 to 784x256, 256 to 4,096 rows).
 TN_PIECE_ROWS = 128
 
 # The longest summed axis one BLAS call gets in matmul_nt (tuned on the conv benchmarks W8, W9).

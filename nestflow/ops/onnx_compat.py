@@ -709,6 +709,14 @@ def _triangle(X: np.ndarray, K, upper: bool) -> np.ndarray:
     return np.triu(X, k) if upper else np.tril(X, k)
 
 
+def _infer_running(X, Axis, exclusive, reverse):
+    """Shape of a running sum or product along the axis Axis holds: X's own."""
+    _require_ints(Axis, "Axis")
+    if X.dtype == "bool":
+        raise DTypeError("X is bool; cast it to a number type first")
+    return X
+
+
 @register_op
 class onnx_cumsum:
     """Out = running sums of X along the axis held by Axis (a 1-element int tensor), as
@@ -718,11 +726,7 @@ class onnx_cumsum:
     attrs = {"exclusive": False, "reverse": False}
     no_grad_inputs = ("Axis",)
 
-    def infer(X, Axis, exclusive, reverse):
-        _require_ints(Axis, "Axis")
-        if X.dtype == "bool":
-            raise DTypeError("X is bool; cast it to a number type first")
-        return X
+    infer = _infer_running
 
     def forward(X, Axis, exclusive, reverse):
         attrs = _cumsum_attrs(X, Axis, exclusive, reverse)
@@ -747,11 +751,7 @@ class onnx_cumprod:
     inputs, outputs = ("X", "Axis"), ("Out",)
     attrs = {"exclusive": False, "reverse": False}
 
-    def infer(X, Axis, exclusive, reverse):
-        _require_ints(Axis, "Axis")
-        if X.dtype == "bool":
-            raise DTypeError("X is bool; cast it to a number type first")
-        return X
+    infer = _infer_running
 
     def forward(X, Axis, exclusive, reverse):
         (axis,) = _axes(_values(Axis)[:1], X.ndim, "onnx_cumprod")

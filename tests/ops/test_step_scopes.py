@@ -96,6 +96,17 @@ def _numpy_rnn(x, w):
     return np.stack(outs, 1)
 
 
+def _numeric_w_grad(xs, w0, eps=1e-6):
+    """d sum(_numpy_rnn(xs, w)) / dw at w0, by central differences."""
+    want = np.zeros_like(w0)
+    for i in np.ndindex(*w0.shape):
+        up, down = w0.copy(), w0.copy()
+        up[i] += eps
+        down[i] -= eps
+        want[i] = (_numpy_rnn(xs, up).sum() - _numpy_rnn(xs, down).sum()) / (2 * eps)
+    return want
+
+
 def test_step_scope_variables_are_visible_by_name_and_die_with_the_run(rng):
     x, w, new, out = _rnn()
     main = nf.default_main_program()
@@ -179,13 +190,7 @@ def test_weight_gradient_reads_each_steps_own_input_slice(rng):
     xs = rng.normal(size=(2, 3, 2))
     w0 = scope.find_var("w").get(nf.Tensor).numpy()
     (got,) = exe.run(feed={"x": xs}, fetch_list=["w@GRAD"], scope=scope)
-    eps, want = 1e-6, np.zeros_like(w0)
-    for i in np.ndindex(*w0.shape):
-        up, down = w0.copy(), w0.copy()
-        up[i] += eps
-        down[i] -= eps
-        want[i] = (_numpy_rnn(xs, up).sum() - _numpy_rnn(xs, down).sum()) / (2 * eps)
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(got, _numeric_w_grad(xs, w0), rtol=1e-6, atol=1e-9)
 
 
 def test_remembered_outer_values_follow_the_parent_scope():
@@ -248,10 +253,4 @@ def test_gradients_are_the_same_when_step_scopes_were_read_by_name(rng, peek, mo
     monkeypatch.setattr(StepRunner, "run", lambda self, *a: general.append(1) or run(self, *a))
     (got,) = exe.run(feed={"x": xs}, fetch_list=["w@GRAD"], scope=scope)
     assert len(_seen) == len(general) == (3 if peek else 0)
-    eps, want = 1e-6, np.zeros_like(w0)
-    for i in np.ndindex(*w0.shape):
-        up, down = w0.copy(), w0.copy()
-        up[i] += eps
-        down[i] -= eps
-        want[i] = (_numpy_rnn(xs, up).sum() - _numpy_rnn(xs, down).sum()) / (2 * eps)
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(got, _numeric_w_grad(xs, w0), rtol=1e-6, atol=1e-9)
