@@ -92,6 +92,23 @@ class Scope:
         """A local scope whose parent is this one; it lives until this scope drops it."""
         return Scope(self)
 
+    def _new_held_scopes(self, slots: dict[str, int], envs: list[list]) -> list[Scope]:
+        """One kid scope per env, holding `env[slot]` under each name of `slots` (as `_hold`
+        does on a fresh kid): a loop's step scopes made at once after its steps ran, as cheaply
+        as a kid can be made (the per-kid work of __init__ done once)."""
+        self._check_alive()
+        lock = self._lock
+        kids = []
+        for env in envs:
+            kid = Scope.__new__(Scope)
+            kid._parent, kid._vars, kid._kids = self, {}, []
+            kid._held, kid._alive, kid._lock = (slots, env), True, lock
+            kids.append(kid)
+        with lock:
+            self._kids.extend(kids)
+        _live_scopes.update(kids)
+        return kids
+
     def var(self, name: str | None = None) -> Variable:
         """The variable `name` of this scope, created if absent here (parents are not searched).
 

@@ -7,13 +7,13 @@ and dropped when it completes ("destroy when minibatch completes").
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from nestflow.core.place import CPUPlace, Place
-from nestflow.core.scope import Scope
+from nestflow.core.scope import _NOTHING_HELD, Scope
 from nestflow.core.tensor import Tensor
 from nestflow.errors import (
     FeedError,
@@ -386,6 +386,19 @@ class StepRunner:
         except Exception as exc:
             self._frame.raise_located(exc, env)
         return env
+
+    def direct(self, parent_scope: Scope) -> tuple[Callable, list, Frame] | None:
+        """For steps in fresh kid scopes of `parent_scope`, where the block runs as its
+        compiled function: (function, env template, frame naming a failing op). A step is then
+        `env = template.copy()`, the bound values put at their slots (`bound`), and
+        `function(env, frame)`; on an exception `frame.raise_located(exc, env)`. None where each
+        step needs a Frame."""
+        if self._function is None:
+            return None
+        if self._map is not _NOTHING_HELD[0]:
+            # a fresh kid holds nothing: what it reads is what its parent scope sees
+            self._read_through(parent_scope, _NOTHING_HELD[0])
+        return self._function, self._template, self._frame
 
     def _env(self, scope: Scope, held: tuple[dict[str, int], list], values) -> list:
         """A step's env in a held-only step scope: the template, the bound values, the held

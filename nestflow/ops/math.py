@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -384,8 +385,7 @@ class matmul:
 
 
 def _flat2d(shape, num_col_dims):
-    rows = int(np.prod(shape[:num_col_dims]))
-    return rows, int(np.prod(shape[num_col_dims:]))
+    return math.prod(shape[:num_col_dims]), math.prod(shape[num_col_dims:])
 
 
 @register_op

@@ -103,24 +103,20 @@ def _step_parts(grad, scopes: list, name: str, running: list) -> list[np.ndarray
     if grad is None:
         return [np.zeros(step.shape, dtype=step.dtype)] * len(scopes)
     parts = []
-    for part, active in zip(np.moveaxis(grad, 1, 0), running):
+    for part, active in zip(grad.swapaxes(0, 1), running):
         part = part if active is None else _masked(part, active)
         parts.append(part if part.shape == step.shape else part.reshape(step.shape))
     return parts
 
 
-def _stacked_steps(grads: list[Any], sequence: np.ndarray) -> np.ndarray | None:
-    """The steps' gradients of one input's time slices as one array like `sequence` (a step
-    no gradient reached: zeros); None when none reached any."""
-    first = next((g for g in grads if g is not None), None)
-    if first is None:
-        return None
-    zeros = None
-    for t, grad in enumerate(grads):
-        if grad is None:
-            zeros = zeros if zeros is not None else np.zeros(sequence[:, t].shape, first.dtype)
-            grads[t] = zeros
-    return np.stack(grads, axis=1).reshape(sequence.shape)
+def _write_step(stacks: list, j: int, sequence: np.ndarray, t: int, grad: Any) -> None:
+    """Put step t's gradient of the time slice sequence[:, t] into stacks[j], an array like
+    `sequence` (made, zeros, at the first gradient, of its dtype)."""
+    stack = stacks[j]
+    if stack is None:
+        stack = stacks[j] = np.zeros(sequence.shape, np.result_type(grad))
+    part = stack[:, t]
+    part[...] = grad if np.shape(grad) == part.shape else np.reshape(grad, part.shape)
 
 
 def _same_shape(new: Any, old: np.ndarray, name: str, update: str, t: int) -> np.ndarray:
@@ -218,7 +214,6 @@ class recurrent:
             ctx.set_outputs("FinalMemories", [current[name] for name in memories])
             ctx.set_output("StepScopes", [])
             return
-        scopes = []
         # Each output is written step by step into its [batch, steps, ...] array (a copy: the
         # outputs never alias a value kept in a step scope); rows past their length stay zero.
         stacked: list[np.ndarray | None] = [None] * len(outs)
@@ -230,37 +225,58 @@ class recurrent:
         kept = step_slots(runner.plan, dict.fromkeys(bound_names))
         update_slots = [slot_of.get(u) for u in updates]
         out_slots = [slot_of.get(o) for o in outs]
-        new_scope = ctx.scope.new_scope
-        updated = list(zip(memories, updates, update_slots))
+        current = [current[name] for name in memories]
+        updated = list(enumerate(zip(memories, updates, update_slots)))
         written = list(enumerate(zip(outs, out_slots)))
         running = _running(lengths, steps)
         # Each input's time slices, made at once ([batch, ...] views, as value[:, t]).
-        slices = [list(np.moveaxis(value, 1, 0)) for value in sequences]
-        # Where every update and output is a variable of the step, steps need no Frame.
-        frame = None
-        by_env = None not in update_slots and None not in out_slots
+        slices = [list(value.swapaxes(0, 1)) for value in sequences]
+        # Where every update and output is a variable of the step and the step is kernels
+        # alone, a step is its compiled function over an env: no Frame, and the step scopes
+        # are made at once after the loop, each holding its step's env.
+        direct = None
+        if None not in update_slots and None not in out_slots:
+            direct = runner.direct(ctx.scope)
+        if direct is not None:
+            function, template, located = direct
+            n_in = len(in_names)
+            in_binds = [(slot, slices[i]) for i, slot in runner.bound if i < n_in]
+            memory_binds = [(slot, i - n_in) for i, slot in runner.bound if i >= n_in]
+            envs = []
+        else:
+            new_scope = ctx.scope.new_scope
+            scopes = []
         for t in range(steps):
             active = running[t]
-            scope = new_scope()
-            scopes.append(scope)
-            values = [value[t] for value in slices]
-            values += [current[name] for name in memories]
-            if by_env:
-                env = runner.step(scope, values)
+            frame = None
+            if direct is not None:
+                env = template.copy()
+                for slot, parts in in_binds:
+                    env[slot] = parts[t]
+                for slot, i in memory_binds:
+                    env[slot] = current[i]
+                try:
+                    function(env, located)
+                except Exception as exc:
+                    located.raise_located(exc, env)
+                envs.append(env)
             else:
+                scope = new_scope()
+                scopes.append(scope)
+                values = [value[t] for value in slices] + current
                 frame = runner.run(scope, values)
                 env = frame.env
-            scope._hold(kept, env)
-            for name, update, slot in updated:
+                scope._hold(kept, env)
+            for i, (name, update, slot) in updated:
                 new = env[slot] if slot is not None else None
                 if new is None and frame is not None:
                     new = _step_value(frame, dict(zip(bound_names, values)), update)
-                old = current[name]
+                old = current[i]
                 if type(new) is not np.ndarray or new.shape != old.shape:
                     new = _same_shape(new, old, name, update, t)
                 if active is not None:
                     new = np.where(_rows(active, new.ndim), new, old)
-                current[name] = new
+                current[i] = new
             for i, (name, slot) in written:
                 value = env[slot] if slot is not None else None
                 if value is None and frame is not None:
@@ -279,8 +295,10 @@ class recurrent:
                     out[:, t] = value
                 else:
                     out[active, t] = value[active]
+        if direct is not None:
+            scopes = ctx.scope._new_held_scopes(kept, envs)
         ctx.set_outputs("Outputs", stacked)
-        ctx.set_outputs("FinalMemories", [current[name] for name in memories])
+        ctx.set_outputs("FinalMemories", current)
         ctx.set_output("StepScopes", scopes)
 
     def grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
@@ -420,60 +438,73 @@ class recurrent_grad:
         running = _running(lengths, len(scopes))
         plan = runner.plan
         slot_of = plan.slot_of
+        # Each step's seeds are a list in the order of `seed_names`.
+        seed_at = {name: k for k, name in enumerate(seed_names)}
         # Where each gradient the loop reads after a step is: its slot in the step's gradient
         # frame, else (a seed passed straight through) the seed bound to it.
-        memory_reads = [(name, slot_of.get(g), g) for name, _, g in seeded_memories]
-        p_reads = [(total, slot_of.get(g), g) for total, g in p_wanted]
+        memory_reads = [(name, slot_of.get(g), seed_at.get(g)) for name, _, g in seeded_memories]
+        p_reads = [(total, slot_of.get(g), seed_at.get(g)) for total, g in p_wanted]
         products = list(deferred.values())
         # Each seeded output's gradient slice of every step, finished rows zeroed, made before
         # the loop (a step output's shape and dtype are one over the steps: from the last).
         out_parts = [
-            (seed, _step_parts(grad, scopes, name, running)) for name, seed, grad in seeded_outs
+            (seed_at[seed], _step_parts(grad, scopes, name, running))
+            for name, seed, grad in seeded_outs
         ]
-        x_steps: list[list[Any]] = [[None] * len(scopes) for _ in x_wanted]
-        x_reads = [(steps_of, slot_of.get(g), g) for steps_of, (_, g) in zip(x_steps, x_wanted)]
+        memory_seeds = [(name, seed_at[seed]) for name, seed, _ in seeded_memories]
+        # Each step input's gradient, written into its [batch, steps, ...] array as each step
+        # gives it (while it is in cache); steps no gradient reaches stay zero.
+        x_stacks: list[np.ndarray | None] = [None] * len(x_wanted)
+        x_reads = [
+            (j, sequences[i], slot_of.get(g), seed_at.get(g)) for j, (i, g) in enumerate(x_wanted)
+        ]
         for t in reversed(range(len(scopes))):
             scope = scopes[t]
             active = running[t]
-            values: dict[str, Any] = {}
-            for seed, parts in out_parts:
+            seeds: list[Any] = [None] * len(seed_names)
+            for k, parts in out_parts:
                 part = parts[t]
-                values[seed] = values[seed] + part if seed in values else part
-            passed: dict[str, Any] = {}
-            for name, seed, _ in seeded_memories:
+                seeds[k] = part if seeds[k] is None else seeds[k] + part
+            # Rows of finished sequences pass their memory gradient on unchanged.
+            passed: dict[str, Any] | None = None
+            for name, k in memory_seeds:
                 grad = flowing.get(name)
                 if grad is None:
                     grad = np.zeros_like(scope_array(scope, name))
                 if active is not None:
                     rows = _rows(active, grad.ndim)
+                    passed = {} if passed is None else passed
                     passed[name] = np.where(rows, np.zeros((), grad.dtype), grad)
                     grad = np.where(rows, grad, np.zeros((), grad.dtype))
-                values[seed] = values[seed] + grad if seed in values else grad
-            env = runner.step(scope, [values[name] for name in seed_names])
-            for name, slot, grad_name in memory_reads:
+                seeds[k] = grad if seeds[k] is None else seeds[k] + grad
+            env = runner.step(scope, seeds)
+            for name, slot, k in memory_reads:
                 grad = env[slot] if slot is not None else None
                 if grad is None:
-                    grad = values.get(grad_name)
+                    grad = seeds[k] if k is not None else None
                     if grad is None:
                         grad = np.zeros_like(scope_array(scope, name))
-                if passed:
-                    held = passed.get(name)
-                    if held is not None:
-                        grad = grad + held
+                if passed is not None and (held := passed.get(name)) is not None:
+                    grad = grad + held
                 flowing[name] = grad
-            for steps_of, slot, grad_name in x_reads:
+            for j, sequence, slot, k in x_reads:
                 grad = env[slot] if slot is not None else None
-                steps_of[t] = values.get(grad_name) if grad is None else grad
-            for total, slot, grad_name in p_reads:
+                if grad is None and k is not None:
+                    grad = seeds[k]
+                if grad is not None:
+                    _write_step(x_stacks, j, sequence, t, grad)
+            for total, slot, k in p_reads:
                 grad = env[slot] if slot is not None else None
-                if grad is None:
-                    grad = values.get(grad_name)
+                if grad is None and k is not None:
+                    grad = seeds[k]
                 if grad is not None:
                     total.add(grad)
-            for product in products:
-                product.collect(scope, plan, env, values)
-        for (i, _), steps_of in zip(x_wanted, x_steps):
-            x_grads[i] = _stacked_steps(steps_of, sequences[i])
+            if products:
+                values = dict(zip(seed_names, seeds))
+                for product in products:
+                    product.collect(scope, plan, env, values)
+        for (i, _), stack in zip(x_wanted, x_stacks):
+            x_grads[i] = stack
         for total, name, value in zip(p_sums, attrs["param_grads"], params):
             if name in deferred and (grad := deferred[name].finish(value)) is not None:
                 total.add(grad)

@@ -11,6 +11,7 @@ step scope) and dOut, and multiplies them once after the loop (`DeferredProduct`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -111,7 +112,7 @@ class DeferredProduct:
         if not xs:
             return None
         if self.kind == "mul":
-            k = int(np.prod(y.shape[: self.col_dims]))
+            k = math.prod(y.shape[: self.col_dims])
         elif y.ndim == 2 and all(getattr(x, "ndim", 0) == 2 for x in xs):
             k = y.shape[0]
         else:  # batched or vector matmuls: each step's own gradient, summed

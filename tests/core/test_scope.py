@@ -7,6 +7,7 @@ import sys
 import threading
 import weakref
 
+import numpy as np
 import pytest
 
 import nestflow as nf
@@ -414,3 +415,24 @@ def test_a_variable_name_must_be_a_string(scope, name):
     with pytest.raises(nf.errors.TypeMismatchError, match="variable name is a str"):
         scope.var(name)
     assert scope.local_var_names() == []
+
+
+def test_held_kid_scopes_made_at_once_read_by_name_and_dropped(scope):
+    # A loop's step scopes made after its steps ran: each holds its own step's values, reads
+    # through to the parent, and drop_kids destroys them like kids made one by one.
+    scope.var("w").get_mutable(nf.Tensor).set(np.ones(2, "float32"))
+    before = live_scope_count()
+    slots = {"h": 0, "y": 1}
+    envs = [[np.full(3, t, "float32"), None] for t in range(4)]
+    kids = scope._new_held_scopes(slots, envs)
+    assert scope.kids == kids and live_scope_count() == before + 4
+    for t, kid in enumerate(kids):
+        assert kid.parent is scope
+        np.testing.assert_array_equal(kid.find_var("h").get(nf.Tensor).numpy(), [t, t, t])
+        assert kid.find_local_var("y") is None  # a None value makes no variable
+        assert kid.find_var("w") is scope.find_var("w")
+    scope.drop_kids()
+    assert live_scope_count() == before
+    assert not any(kid.alive for kid in kids)
+    with pytest.raises(nf.errors.ScopeDestroyedError):
+        kids[0].find_var("h")
