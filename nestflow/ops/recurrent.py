@@ -109,14 +109,18 @@ def _step_parts(grad, scopes: list, name: str, running: list) -> list[np.ndarray
     return parts
 
 
-def _write_step(stacks: list, j: int, sequence: np.ndarray, t: int, grad: Any) -> None:
-    """Put step t's gradient of the time slice sequence[:, t] into stacks[j], an array like
-    `sequence` (made, zeros, at the first gradient, of its dtype)."""
-    stack = stacks[j]
-    if stack is None:
-        stack = stacks[j] = np.zeros(sequence.shape, np.result_type(grad))
-    part = stack[:, t]
-    part[...] = grad if np.shape(grad) == part.shape else np.reshape(grad, part.shape)
+def _stacked_steps(grads: list[Any], sequence: np.ndarray) -> np.ndarray | None:
+    """The steps' gradients of one input's time slices as one array like `sequence` (a step
+    no gradient reached: zeros); None when none reached any."""
+    first = next((g for g in grads if g is not None), None)
+    if first is None:
+        return None
+    zeros = None
+    for t, grad in enumerate(grads):
+        if grad is None:
+            zeros = zeros if zeros is not None else np.zeros(sequence[:, t].shape, first.dtype)
+            grads[t] = zeros
+    return np.stack(grads, axis=1).reshape(sequence.shape)
 
 
 def _same_shape(new: Any, old: np.ndarray, name: str, update: str, t: int) -> np.ndarray:
@@ -452,11 +456,10 @@ class recurrent_grad:
             for name, seed, grad in seeded_outs
         ]
         memory_seeds = [(name, seed_at[seed]) for name, seed, _ in seeded_memories]
-        # Each step input's gradient, written into its [batch, steps, ...] array as each step
-        # gives it (while it is in cache); steps no gradient reaches stay zero.
-        x_stacks: list[np.ndarray | None] = [None] * len(x_wanted)
+        x_steps: list[list[Any]] = [[None] * len(scopes) for _ in x_wanted]
         x_reads = [
-            (j, sequences[i], slot_of.get(g), seed_at.get(g)) for j, (i, g) in enumerate(x_wanted)
+            (steps_of, slot_of.get(g), seed_at.get(g))
+            for steps_of, (_, g) in zip(x_steps, x_wanted)
         ]
         for t in reversed(range(len(scopes))):
             scope = scopes[t]
@@ -487,12 +490,11 @@ class recurrent_grad:
                 if passed is not None and (held := passed.get(name)) is not None:
                     grad = grad + held
                 flowing[name] = grad
-            for j, sequence, slot, k in x_reads:
+            for steps_of, slot, k in x_reads:
                 grad = env[slot] if slot is not None else None
                 if grad is None and k is not None:
                     grad = seeds[k]
-                if grad is not None:
-                    _write_step(x_stacks, j, sequence, t, grad)
+                steps_of[t] = grad
             for total, slot, k in p_reads:
                 grad = env[slot] if slot is not None else None
                 if grad is None and k is not None:
@@ -503,8 +505,8 @@ class recurrent_grad:
                 values = dict(zip(seed_names, seeds))
                 for product in products:
                     product.collect(scope, plan, env, values)
-        for (i, _), stack in zip(x_wanted, x_stacks):
-            x_grads[i] = stack
+        for (i, _), steps_of in zip(x_wanted, x_steps):
+            x_grads[i] = _stacked_steps(steps_of, sequences[i])
         for total, name, value in zip(p_sums, attrs["param_grads"], params):
             if name in deferred and (grad := deferred[name].finish(value)) is not None:
                 total.add(grad)
