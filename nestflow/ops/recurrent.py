@@ -289,7 +289,9 @@ class recurrent:
                     value = _as_rows(value, batch, name, "step output")
                 out = stacked[i]
                 if out is None:
-                    out = stacked[i] = np.zeros((batch, steps, *value.shape[1:]), value.dtype)
+                    # every step writes all its rows unless lengths end some early
+                    make = np.empty if lengths is None else np.zeros
+                    out = stacked[i] = make((batch, steps, *value.shape[1:]), value.dtype)
                 elif out.shape[2:] != value.shape[1:]:
                     raise ControlFlowError(
                         f"recurrent: step output '{name}' has shape {list(value.shape)} at "
