@@ -400,6 +400,28 @@ class StepRunner:
             self._read_through(parent_scope, _NOTHING_HELD[0])
         return self._function, self._template, self._frame
 
+    def direct_held(self, scopes: Sequence[Scope]) -> tuple[Callable, list, list, Frame] | None:
+        """For steps in `scopes`, step scopes of one loop still holding values only (by one
+        name -> index map), where the block runs as its compiled function: (function, env
+        template, reads, frame naming a failing op). A step is then `env = template.copy()`,
+        each `env[slot] = held_values[index]` of `reads` ((slot, index) pairs; a None held
+        value means the general `step`), the bound values put at their slots (`bound`), and
+        `function(env, frame)`. None where a step needs `step`."""
+        if self._function is None or not scopes:
+            return None
+        held = scopes[0]._held_only()
+        if held is None:
+            return None
+        index_of = held[0]
+        for scope in scopes:
+            held = scope._held_only()
+            if held is None or held[0] is not index_of:
+                return None
+        if index_of is not self._map:
+            self._read_through(scopes[0], index_of)
+        reads = [(slot, index) for slot, index, _ in self._reads]
+        return self._function, self._template, reads, self._frame
+
     def _env(self, scope: Scope, held: tuple[dict[str, int], list], values) -> list:
         """A step's env in a held-only step scope: the template, the bound values, the held
         values read by index."""

@@ -463,6 +463,16 @@ class recurrent_grad:
             (steps_of, slot_of.get(g), seed_at.get(g))
             for steps_of, (_, g) in zip(x_steps, x_wanted)
         ]
+        # Deferred products whose X and dOut are both in a step's env take them from there.
+        appended = [(product, product.slots(plan)) for product in products]
+        collected = [product for product, slots in appended if slots is None]
+        appended = [(p, p.xs, p.gs, *slots) for p, slots in appended if slots is not None]
+        # Where the step scopes hold values alone and the step is kernels alone, a step is its
+        # compiled function over an env of held values and seeds (else runner.step).
+        direct = runner.direct_held(scopes)
+        if direct is not None:
+            function, template, reads, located = direct
+            held_values = [scope._held_only()[1] for scope in scopes]
         for t in reversed(range(len(scopes))):
             scope = scopes[t]
             active = running[t]
@@ -482,7 +492,25 @@ class recurrent_grad:
                     passed[name] = np.where(rows, np.zeros((), grad.dtype), grad)
                     grad = np.where(rows, grad, np.zeros((), grad.dtype))
                 seeds[k] = grad if seeds[k] is None else seeds[k] + grad
-            env = runner.step(scope, seeds)
+            env = None
+            if direct is not None:
+                env = template.copy()
+                values = held_values[t]
+                for slot, index in reads:
+                    value = values[index]
+                    if value is None:  # not held here: runner.step looks beyond the step
+                        env = None
+                        break
+                    env[slot] = value
+            if env is None:
+                env = runner.step(scope, seeds)
+            else:
+                for k, slot in runner.bound:
+                    env[slot] = seeds[k]
+                try:
+                    function(env, located)
+                except Exception as exc:
+                    located.raise_located(exc, env)
             for name, slot, k in memory_reads:
                 grad = env[slot] if slot is not None else None
                 if grad is None:
@@ -503,10 +531,16 @@ class recurrent_grad:
                     grad = seeds[k]
                 if grad is not None:
                     total.add(grad)
-            if products:
-                values = dict(zip(seed_names, seeds))
-                for product in products:
-                    product.collect(scope, plan, env, values)
+            for product, xs, gs, x_slot, g_slot in appended:
+                grad = env[g_slot]
+                if grad is not None:
+                    x = env[x_slot]
+                    xs.append(scope_array(scope, product.x_name) if x is None else x)
+                    gs.append(grad)
+            if collected:
+                by_name = dict(zip(seed_names, seeds))
+                for product in collected:
+                    product.collect(scope, plan, env, by_name)
         for (i, _), steps_of in zip(x_wanted, x_steps):
             x_grads[i] = _stacked_steps(steps_of, sequences[i])
         for total, name, value in zip(p_sums, attrs["param_grads"], params):

@@ -40,7 +40,10 @@ class mean:
         return _mean_of(X.sum(), X.size, X.dtype)
 
     def backward(X, Out, Out_grad):
-        return (np.full(X.shape, Out_grad / max(X.size, 1), X.dtype),)
+        # One value everywhere: a read-only broadcast view, no [X.shape] array to fill (an
+        # op never writes into an input; the executor reuses only writeable buffers).
+        share = np.asarray(Out_grad / max(X.size, 1), X.dtype)
+        return (np.broadcast_to(share, X.shape),)
 
 
 def _reduced_axes(ndim: int, dim: list, reduce_all: bool) -> tuple[int, ...]:

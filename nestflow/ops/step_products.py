@@ -106,6 +106,14 @@ class DeferredProduct:
         self.xs.append(scope_array(scope, self.x_name) if x is None else x)
         self.gs.append(grad)
 
+    def slots(self, plan) -> tuple[int, int] | None:
+        """(X's slot, dOut's slot) in the env of `plan`'s steps where both are variables of the
+        step's gradient block (a step then gives both in its env, or None for dOut where no
+        gradient reached the product); None where `collect` must look further."""
+        slot_of = plan.slot_of
+        x_slot, g_slot = slot_of.get(self.x_name), slot_of.get(self.g_name)
+        return None if x_slot is None or g_slot is None else (x_slot, g_slot)
+
     def finish(self, y: np.ndarray) -> np.ndarray | None:
         """dY summed over the collected steps (None if no gradient reached the product)."""
         xs, gs = self.xs, self.gs
