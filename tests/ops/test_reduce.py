@@ -123,3 +123,26 @@ def test_mean_of_integers_is_a_dtype_error():
     x = L.data("x", [2, 3], "int64")
     with pytest.raises(DTypeError, match="mean needs a floating-point X, got int64"):
         L.mean(x)
+
+
+def test_mean_gradient_is_one_read_only_value_that_no_op_writes_into():
+    # mean's gradient is a broadcast view of one value: ops after it whose gradient kernels
+    # may take their input gradient's buffer (tanh's, an add's) get a new array instead, and
+    # the fetched gradient is the user's own writeable copy.
+    xs = normal(4, 3)
+    (view,) = nf.ops.registry.get_op_def("mean").backward(xs, np.asarray(0.0), np.asarray(2.0))
+    assert view.shape == xs.shape and not view.flags.writeable and view.strides == (0, 0)
+    np.testing.assert_array_equal(view, np.full(xs.shape, 2.0 / xs.size))
+    w = L.create_parameter([4, 3], "float64", name="w")
+    y = L.tanh(L.elementwise_add(w, w))
+    loss = L.mean(L.tanh(y))
+    nf.append_backward(loss)
+    scope, exe = nf.Scope(), nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    w_value = scope.find_var("w").get(nf.Tensor).numpy()
+    got, y_grad = exe.run(fetch_list=["w@GRAD", y.name + "@GRAD"], scope=scope)
+    y_value = np.tanh(2 * w_value)
+    want_y = (1 - np.tanh(y_value) ** 2) / w_value.size
+    np.testing.assert_allclose(y_grad, want_y, rtol=1e-12)
+    np.testing.assert_allclose(got, 2 * want_y * (1 - y_value**2), rtol=1e-12)
+    y_grad[...] = 0  # a fetch is a copy the user may write

@@ -23,16 +23,19 @@ _seen: list = []
 
 
 class PeekStepScopesOp:
-    """Test-only: records, for every step scope it is given, the Variable named `name` and
-    what it holds (read while the run is on, as a later op would)."""
+    """Test-only: records, for every step scope it is given (or the one of index `step`),
+    the Variable named `name` and what it holds (read while the run is on, as a later op
+    would)."""
 
     type = "test_peek_step_scopes"
     inputs, outputs = ("Scopes",), ("Out",)
-    attrs = {"name": ""}
+    attrs = {"name": "", "step": -1}
 
     def run(ctx):
-        name = ctx.attrs["name"]
-        for scope in ctx.input("Scopes"):
+        name, step = ctx.attrs["name"], ctx.attrs["step"]
+        for index, scope in enumerate(ctx.input("Scopes")):
+            if step >= 0 and index != step:
+                continue
             var = scope.find_local_var(name)
             _seen.append((scope, var, var.get(nf.Tensor).numpy()))
         ctx.set_output("Out", np.zeros(1))
@@ -222,10 +225,11 @@ def test_grad_sum_adds_in_place_only_into_its_own_array():
     assert mixed.value.dtype == np.float64 and mixed.value.tolist() == [3.0, 3.0]  # as a + b
 
 
-@pytest.mark.parametrize("peek", [False, True])
+@pytest.mark.parametrize("peek", [None, "all", "one"])
 def test_gradients_are_the_same_when_step_scopes_were_read_by_name(rng, peek, monkeypatch):
     """Reading a step variable by name makes the step scope's held values Variables; the
-    gradient op then binds each step by name instead of by index, with the same result."""
+    gradient op then binds that step by name instead of by index, with the same result (one
+    step scope read, the others still holding values: each step as its scope allows)."""
     x, w, new, out = _rnn(steps=3)
     loss = L.reduce_sum(out)
     nf.append_backward(loss)
@@ -240,7 +244,7 @@ def test_gradients_are_the_same_when_step_scopes_were_read_by_name(rng, peek, mo
             "test_peek_step_scopes",
             {"Scopes": [scopes]},
             {"Out": ["peek"]},
-            {"name": new.name},
+            {"name": new.name, "step": 1 if peek == "one" else -1},
         )
     scope = nf.Scope()
     exe = nf.Executor()
@@ -252,5 +256,5 @@ def test_gradients_are_the_same_when_step_scopes_were_read_by_name(rng, peek, mo
     run = StepRunner.run
     monkeypatch.setattr(StepRunner, "run", lambda self, *a: general.append(1) or run(self, *a))
     (got,) = exe.run(feed={"x": xs}, fetch_list=["w@GRAD"], scope=scope)
-    assert len(_seen) == len(general) == (3 if peek else 0)
+    assert len(_seen) == len(general) == {None: 0, "all": 3, "one": 1}[peek]
     np.testing.assert_allclose(got, _numeric_w_grad(xs, w0), rtol=1e-6, atol=1e-9)
