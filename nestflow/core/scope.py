@@ -303,23 +303,10 @@ class Scope:
         self._check_alive()
         with self._lock:
             kids, self._kids = self._kids, []
-        for kid in kids:
-            kid._destroy()
+        _destroy_scopes(kids)
 
     def _destroy(self) -> None:
-        # A worklist, not recursion: scopes nest as deep as the program's blocks do.
-        pending = [self]
-        while pending:
-            scope = pending.pop()
-            with scope._lock:
-                kids, scope._kids = scope._kids, []
-                variables, scope._vars = scope._vars, {}
-                scope._held = None
-                scope._alive = False
-            pending.extend(kids)
-            for variable in variables.values():
-                variable._destroy()
-            _live_scopes.discard(scope)
+        _destroy_scopes([self])
 
     def __repr__(self) -> str:
         if not self._alive:
@@ -327,3 +314,26 @@ class Scope:
         if self._held is not None:
             self._materialize()
         return f"Scope(vars={len(self._vars)}, kids={len(self._kids)})"
+
+
+def _destroy_scopes(scopes: list[Scope]) -> None:
+    """Destroy `scopes` (of one scope tree), their kids and their variables."""
+    if not scopes:
+        return
+    dead = []
+    # A worklist, not recursion: scopes nest as deep as the program's blocks do. One lock
+    # serves a whole scope tree, so it is taken once.
+    pending = list(scopes)
+    with scopes[0]._lock:
+        while pending:
+            scope = pending.pop()
+            kids, scope._kids = scope._kids, []
+            variables, scope._vars = scope._vars, {}
+            scope._held = None
+            scope._alive = False
+            dead.append(scope)
+            if kids:
+                pending.extend(kids)
+            for variable in variables.values():
+                variable._destroy()
+    _live_scopes.difference_update(dead)
