@@ -7,7 +7,7 @@ and dropped when it completes ("destroy when minibatch completes").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -359,7 +359,7 @@ class StepRunner:
     def run(self, scope: Scope, values: Sequence[Any]) -> Frame:
         """Run the block in `scope` (a step scope) with `values` (none of them None) for the
         bound names, in order; returns the finished frame."""
-        held = scope._held_only() if self.free else _NO_FREE_INPUTS
+        held = scope._held_only() if self.free else _NOTHING_HELD
         if held is None:  # the scope has Variables: the general lookup, name by name
             frame = Frame(self.plan, scope, self.executor, self.parent)
             env = frame.env
@@ -377,36 +377,40 @@ class StepRunner:
     def step(self, scope: Scope, values: Sequence[Any]) -> list:
         """As `run`, returning the finished env: without a Frame per step where the block is
         kernels alone and the step scope holds values only."""
-        held = scope._held_only() if self.free else _NO_FREE_INPUTS
+        held = scope._held_only() if self.free else _NOTHING_HELD
         if self._function is None or held is None:
             return self.run(scope, values).env
         env = self._env(scope, held, values)
+        self.call(env)
+        return env
+
+    def call(self, env: list) -> None:
+        """Run the block's compiled function over a step's `env` (where it has one); an op
+        failing in it is raised as the error naming that op, its block and the user's line."""
         try:
             self._function(env, self._frame)
         except Exception as exc:
             self._frame.raise_located(exc, env)
-        return env
 
-    def direct(self, parent_scope: Scope) -> tuple[Callable, list, Frame] | None:
+    def direct(self, parent_scope: Scope) -> list | None:
         """For steps in fresh kid scopes of `parent_scope`, where the block runs as its
-        compiled function: (function, env template, frame naming a failing op). A step is then
-        `env = template.copy()`, the bound values put at their slots (`bound`), and
-        `function(env, frame)`; on an exception `frame.raise_located(exc, env)`. None where each
-        step needs a Frame."""
+        compiled function: the env template. A step is then `env = template.copy()`, the bound
+        values put at their slots (`bound`), and `call(env)`. None where each step needs a
+        Frame."""
         if self._function is None:
             return None
         if self._map is not _NOTHING_HELD[0]:
             # a fresh kid holds nothing: what it reads is what its parent scope sees
             self._read_through(parent_scope, _NOTHING_HELD[0])
-        return self._function, self._template, self._frame
+        return self._template
 
-    def direct_held(self, scopes: Sequence[Scope]) -> tuple[Callable, list, list, Frame] | None:
+    def direct_held(self, scopes: Sequence[Scope]) -> tuple[list, list] | None:
         """For steps in `scopes`, step scopes of one loop still holding values only (by one
-        name -> index map), where the block runs as its compiled function: (function, env
-        template, reads, frame naming a failing op). A step is then `env = template.copy()`,
-        each `env[slot] = held_values[index]` of `reads` ((slot, index) pairs; a None held
-        value means the general `step`), the bound values put at their slots (`bound`), and
-        `function(env, frame)`. None where a step needs `step`."""
+        name -> index map), where the block runs as its compiled function: (env template,
+        reads). A step is then `env = template.copy()`, each `env[slot] = held_values[index]`
+        of `reads` ((slot, index) pairs; a None held value means the general `step`), the
+        bound values put at their slots (`bound`), and `call(env)`. None where a step needs
+        `step`."""
         if self._function is None or not scopes:
             return None
         held = scopes[0]._held_only()
@@ -420,7 +424,7 @@ class StepRunner:
         if index_of is not self._map:
             self._read_through(scopes[0], index_of)
         reads = [(slot, index) for slot, index, _ in self._reads]
-        return self._function, self._template, reads, self._frame
+        return self._template, reads
 
     def _env(self, scope: Scope, held: tuple[dict[str, int], list], values) -> list:
         """A step's env in a held-only step scope: the template, the bound values, the held
@@ -452,10 +456,6 @@ class StepRunner:
                 template[slot] = _beyond_step(lookup_frame, self.parent, name, self.remembered)
             else:
                 self._reads.append((slot, index, name))
-
-
-# What StepRunner.run reads a block with no free inputs from (a held-only scope, holding none).
-_NO_FREE_INPUTS: tuple[dict[str, int], list] = ({}, [])
 
 
 def _sub_plan(parent: Frame, block: Block) -> BlockPlan:

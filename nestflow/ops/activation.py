@@ -61,8 +61,9 @@ def _constant(value: float, dtype) -> np.ndarray:
 
 # NumPy's maximum of an array and a scalar runs several times slower than of two arrays
 # (float32 [64, 6, 24, 24]: 280-430 us against 53 us; [32, 128]: 7.7 against 3.6 us), so relu
-# (and the fused conv's relu) reads zeros from a shared buffer, grown as needed, never written. np.zeros leaves its
-# pages unmapped until read, and reading maps the one zero page: it costs no memory.
+# (and the fused conv's relu) reads zeros from a shared buffer, grown as needed, never written.
+# np.zeros leaves its pages unmapped until read, and reading maps the one zero page: it costs no
+# memory.
 _ZERO_BUFFERS: dict[np.dtype, np.ndarray] = {}
 
 

@@ -242,7 +242,7 @@ class recurrent:
         if None not in update_slots and None not in out_slots:
             direct = runner.direct(ctx.scope)
         if direct is not None:
-            function, template, located = direct
+            template, call = direct, runner.call
             n_in = len(in_names)
             in_binds = [(slot, slices[i]) for i, slot in runner.bound if i < n_in]
             memory_binds = [(slot, i - n_in) for i, slot in runner.bound if i >= n_in]
@@ -259,10 +259,7 @@ class recurrent:
                     env[slot] = parts[t]
                 for slot, i in memory_binds:
                     env[slot] = current[i]
-                try:
-                    function(env, located)
-                except Exception as exc:
-                    located.raise_located(exc, env)
+                call(env)
                 envs.append(env)
             else:
                 scope = new_scope()
@@ -464,14 +461,15 @@ class recurrent_grad:
             for steps_of, (_, g) in zip(x_steps, x_wanted)
         ]
         # Deferred products whose X and dOut are both in a step's env take them from there.
-        appended = [(product, product.slots(plan)) for product in products]
-        collected = [product for product, slots in appended if slots is None]
-        appended = [(p, p.xs, p.gs, *slots) for p, slots in appended if slots is not None]
+        appended = [(product, *product.slots_in(plan)) for product in products]
+        collected = [p for p, x_slot, g_slot in appended if x_slot is None or g_slot is None]
+        appended = [(p, p.xs, p.gs, x, g) for p, x, g in appended if p not in collected]
         # Where the step scopes hold values alone and the step is kernels alone, a step is its
         # compiled function over an env of held values and seeds (else runner.step).
         direct = runner.direct_held(scopes)
         if direct is not None:
-            function, template, reads, located = direct
+            template, reads = direct
+            call = runner.call
             held_values = [scope._held_only()[1] for scope in scopes]
         for t in reversed(range(len(scopes))):
             scope = scopes[t]
@@ -507,10 +505,7 @@ class recurrent_grad:
             else:
                 for k, slot in runner.bound:
                     env[slot] = seeds[k]
-                try:
-                    function(env, located)
-                except Exception as exc:
-                    located.raise_located(exc, env)
+                call(env)
             for name, slot, k in memory_reads:
                 grad = env[slot] if slot is not None else None
                 if grad is None:

@@ -80,23 +80,18 @@ def _product_is_plain(op: OpDesc) -> bool:
 class DeferredProduct:
     """One deferred parameter product: the steps' X and dOut, multiplied once at the end."""
 
-    __slots__ = ("kind", "x_name", "g_name", "col_dims", "xs", "gs", "_plan", "_slots")
+    __slots__ = ("kind", "x_name", "g_name", "col_dims", "xs", "gs")
 
     def __init__(self, kind: str, x_name: str, g_name: str, col_dims: int):
         self.kind, self.x_name, self.g_name, self.col_dims = kind, x_name, g_name, col_dims
         self.xs: list[Any] = []
         self.gs: list[Any] = []
-        self._plan = None
-        self._slots: tuple[int | None, int | None] = (None, None)
 
     def collect(self, scope, plan, env: list, values: dict[str, Any]) -> None:
         """Keep step X and dOut: each from the step's gradient env (of `plan`; X is one of
         its inputs, read from the kept step scope), else X from the step scope and dOut bound
         as a seed."""
-        if plan is not self._plan:  # slots are per plan: looked up once per loop
-            slot_of = plan.slot_of
-            self._plan, self._slots = plan, (slot_of.get(self.x_name), slot_of.get(self.g_name))
-        x_slot, g_slot = self._slots
+        x_slot, g_slot = self.slots_in(plan)
         grad = env[g_slot] if g_slot is not None else None
         if grad is None:
             grad = values.get(self.g_name) if self.g_name else None
@@ -106,13 +101,11 @@ class DeferredProduct:
         self.xs.append(scope_array(scope, self.x_name) if x is None else x)
         self.gs.append(grad)
 
-    def slots(self, plan) -> tuple[int, int] | None:
-        """(X's slot, dOut's slot) in the env of `plan`'s steps where both are variables of the
-        step's gradient block (a step then gives both in its env, or None for dOut where no
-        gradient reached the product); None where `collect` must look further."""
+    def slots_in(self, plan) -> tuple[int | None, int | None]:
+        """(X's slot, dOut's slot) in the env of `plan`'s steps (None: not a variable of the
+        step's gradient block, so not in a step's env)."""
         slot_of = plan.slot_of
-        x_slot, g_slot = slot_of.get(self.x_name), slot_of.get(self.g_name)
-        return None if x_slot is None or g_slot is None else (x_slot, g_slot)
+        return slot_of.get(self.x_name), slot_of.get(self.g_name)
 
     def finish(self, y: np.ndarray) -> np.ndarray | None:
         """dY summed over the collected steps (None if no gradient reached the product)."""
