@@ -22,7 +22,7 @@ import numpy as np
 
 from nestflow.errors import ExecutionError, NanInfError, NestflowError
 from nestflow.framework.program import Block, OpDesc
-from nestflow.ops.registry import OpDef, VarInfo, get_op_def
+from nestflow.ops.registry import OpDef, VarInfo, get_op_def, shape_stand_in
 
 Env = list
 Step = Callable[[Env], None]
@@ -265,8 +265,11 @@ class BlockPlan:
         key = (keep, True) if timed else keep
         function = self._compiled.get(key)
         if function is None:
-            releases = self._releases(keep) if keep is not None else [()] * len(self.ops)
-            function = _compile(self.calls, releases, self.block.idx, timed)
+            if keep is None:
+                releases = stand_ins = [()] * len(self.ops)
+            else:
+                releases, stand_ins = self._releases(keep), self._stand_ins(keep)
+            function = _compile(self.calls, releases, self.block.idx, timed, stand_ins)
             self._compiled[key] = function
             self._codes.add(function.__code__)
         return function
@@ -306,6 +309,37 @@ class BlockPlan:
             if _static_size(desc.shape) >= RELEASE_MIN_ELEMENTS:
                 drops[index].append(self.slot_of[name])
         return [tuple(d) for d in drops]
+
+    def _stand_ins(self, keep: frozenset[str]) -> list[tuple[int, ...]]:
+        """For each op, the slots of temporaries it is the last to need the value of, where
+        later ops read them through no_need_buffer slots only (a gradient op needing a forward
+        value's shape): the value then gives way to a zero-stride stand-in of its shape and
+        dtype, and its memory is free long before its last reader has run. The same names are
+        exempt as from `_releases`."""
+        last_need: dict[str, int] = {}
+        last_use: dict[str, int] = {}
+        for index, op in enumerate(self.ops):
+            shape_only = get_op_def(op.type).no_need_buffer
+            for slot, names in op.inputs.items():
+                for name in names:
+                    if name:
+                        last_use[name] = index
+                        if slot not in shape_only:
+                            last_need[name] = index
+            for name in op.output_names():
+                if name:
+                    last_use[name] = last_need[name] = index
+        seen_by_sub_blocks = _names_in_sub_blocks(self.ops)
+        points: list[list[int]] = [[] for _ in self.ops]
+        for name, index in last_need.items():
+            if last_use[name] == index:
+                continue  # released after that op anyway
+            desc = self.block.find_var(name)
+            if desc is None or desc.persistable or name in keep or name in seen_by_sub_blocks:
+                continue
+            if _static_size(desc.shape) >= RELEASE_MIN_ELEMENTS:
+                points[index].append(self.slot_of[name])
+        return [tuple(p) for p in points]
 
     def runtime_error(self, index: int, env: Env, exc: Exception) -> ExecutionError:
         op = self.ops[index]
@@ -412,11 +446,20 @@ def _arg_source(arg) -> str:
 
 
 def _compile(
-    calls: list[_Call], releases: list[tuple[int, ...]], tag, timed: bool = False
+    calls: list[_Call],
+    releases: list[tuple[int, ...]],
+    tag,
+    timed: bool = False,
+    stand_ins: list[tuple[int, ...]] | None = None,
 ) -> Callable:
     lines = [f"def block_{tag}(e, frame, record):" if timed else f"def block_{tag}(e, frame):"]
-    namespace: dict[str, Any] = {"_owned": _owned, "_clock": perf_counter_ns}
-    for index, (call, drops) in enumerate(zip(calls, releases)):
+    namespace: dict[str, Any] = {
+        "_owned": _owned,
+        "_clock": perf_counter_ns,
+        "_stand_in": shape_stand_in,
+    }
+    stand_ins = stand_ins or [()] * len(calls)
+    for index, (call, drops, shapes) in enumerate(zip(calls, releases, stand_ins)):
         name = f"k{index}"
         namespace[name] = call.function
         donate = call.into is not None and call.donor in drops
@@ -425,6 +468,8 @@ def _compile(
         statement = call.source(name, donate)
         if drops:
             statement += "; " + "; ".join(f"e[{slot}] = None" for slot in drops)
+        if shapes:
+            statement += "; " + "; ".join(f"e[{s}] = _stand_in(e[{s}])" for s in shapes)
         if timed:  # still one line per op: failing_op reads the op from the line number
             statement = f"t = _clock(); {statement}; record({index}, t)"
         lines.append("    " + statement)

@@ -86,6 +86,7 @@ class relu:
     """Out = max(X, 0)."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X",)
     infer = numeric_same_as(0)
     inplace = {"Out": "X"}
     grad_inplace = {"X@GRAD": "Out@GRAD"}
@@ -112,6 +113,7 @@ class sigmoid:
     """Out = 1 / (1 + exp(-X))."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X",)
     grad_inplace = {"X@GRAD": "Out@GRAD"}
     infer = _float_only("sigmoid")
 
@@ -131,6 +133,7 @@ class tanh:
     """Out = tanh(X)."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X",)
     inplace = {"Out": "X"}
     grad_inplace = {"X@GRAD": "Out@GRAD"}
     infer = _float_only("tanh")
@@ -150,6 +153,7 @@ class softmax:
     """Out = exp(X) / sum(exp(X)) along `axis` (default: the last)."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X",)
     attrs = {"axis": -1}
 
     def infer(X, axis):
@@ -173,6 +177,7 @@ class exp:
     """Out = e ** X."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X",)
     inplace = {"Out": "X"}
     grad_inplace = {"X@GRAD": "Out@GRAD"}
     infer = _float_only("exp")
@@ -190,6 +195,7 @@ class log:
     """Out = ln(X) (-inf at 0, NaN below, as NumPy's log)."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     inplace = {"Out": "X"}
     infer = _float_only("log")
     specialize = _bare(np.log)
@@ -206,6 +212,7 @@ class sqrt:
     """Out = X ** 0.5."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X",)
     inplace = {"Out": "X"}
     infer = _float_only("sqrt")
     specialize = _bare(np.sqrt)
@@ -227,6 +234,7 @@ class rsqrt:
     """Out = 1 / sqrt(X)."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X",)
     inplace = {"Out": "X"}
     infer = _float_only("rsqrt")
     specialize = _bare(_rsqrt)
@@ -243,6 +251,7 @@ class abs:
     """Out = |X|. Integers keep their dtype; the gradient at X = 0 is 0 (sign(0))."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     inplace = {"Out": "X"}
     infer = numeric_same_as(0)
     specialize = _bare(np.absolute)
@@ -260,6 +269,7 @@ class pow:
     the `factor` attribute (Fluid 1.8; it gets no gradient)."""
 
     inputs, outputs = ("X", "FactorTensor?"), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"factor": 1.0}
     no_grad_inputs = ("FactorTensor",)
     inplace = {"Out": "X"}
@@ -304,6 +314,7 @@ class clip:
     Fluid's; min > max is an AttrError."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"min": Required(float), "max": Required(float)}
     inplace = {"Out": "X"}
 
@@ -337,6 +348,7 @@ class leaky_relu:
     alpha <= 1). The gradient is that of this formula; at X = 0 it is alpha for alpha <= 1."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"alpha": 0.02}
     inplace = {"Out": "X"}
     infer = _float_only("leaky_relu")
@@ -368,6 +380,7 @@ class elu:
     The gradient is that formula's, alpha at X = 0 for alpha > 0 (as Fluid and PyTorch)."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"alpha": 1.0}
     infer = _float_only("elu")
 
@@ -419,6 +432,7 @@ class gelu:
     0.5 * X * (1 + tanh(sqrt(2/pi) * (X + 0.044715 X^3))). Computed in float64."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"approximate": False}
     infer = _float_only("gelu")
 
@@ -452,6 +466,7 @@ class softplus:
     """Out = log(1 + exp(X)), computed without overflow for large X."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     infer = _float_only("softplus")
 
     def forward(X):
@@ -466,6 +481,7 @@ class softsign:
     """Out = X / (1 + |X|)."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     infer = _float_only("softsign")
 
     def forward(X):
@@ -481,6 +497,7 @@ class swish:
     """Out = X * sigmoid(beta * X)."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"beta": 1.0}
     infer = _float_only("swish")
 

@@ -257,6 +257,7 @@ class gather:
     """
 
     inputs, outputs = ("X", "Index"), ("Out",)
+    grad_no_need_buffer = ("X", "Out")
     attrs = {"overwrite": True}
     no_grad_inputs = ("Index",)
 
@@ -494,6 +495,7 @@ class expand:
     """Out = X tiled expand_times[i] times along each dim i (np.tile)."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X", "Out")
     attrs = {"expand_times": []}
 
     def infer(X, expand_times):

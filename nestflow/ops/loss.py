@@ -128,6 +128,7 @@ class softmax_with_cross_entropy:
     with the class axis 1. Gradients flow to Logits from both outputs; Label gets none."""
 
     inputs, outputs = ("Logits", "Label"), ("Softmax", "Loss")
+    grad_no_need_buffer = ("Loss",)
     attrs = {"soft_label": False, "axis": -1, "ignore_index": -100}
     no_grad_inputs = ("Label",)
 

@@ -69,6 +69,7 @@ class elementwise_add:
     """Out = X + Y with broadcasting."""
 
     inputs, outputs = ("X", "Y"), ("Out",)
+    grad_no_need_buffer = ("X", "Y", "Out")
     attrs = {"axis": -1}
     infer = _infer_binary
     specialize = _ufunc_when_aligned(np.add)
@@ -89,6 +90,7 @@ class elementwise_sub:
     """Out = X - Y with broadcasting."""
 
     inputs, outputs = ("X", "Y"), ("Out",)
+    grad_no_need_buffer = ("X", "Y", "Out")
     attrs = {"axis": -1}
     infer = _infer_binary
     specialize = _ufunc_when_aligned(np.subtract)
@@ -107,6 +109,7 @@ class elementwise_mul:
     """Out = X * Y with broadcasting."""
 
     inputs, outputs = ("X", "Y"), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"axis": -1}
     infer = _infer_binary
     specialize = _ufunc_when_aligned(np.multiply)
@@ -170,6 +173,7 @@ class elementwise_max:
     Y elsewhere: a tie gives it all to Y, as Fluid's kernel does."""
 
     inputs, outputs = ("X", "Y"), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"axis": -1}
     infer = _infer_binary
     specialize = _ufunc_when_aligned(np.maximum)
@@ -189,6 +193,7 @@ class elementwise_min:
     Y elsewhere: a tie gives it all to Y, as Fluid's kernel does."""
 
     inputs, outputs = ("X", "Y"), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"axis": -1}
     infer = _infer_binary
     specialize = _ufunc_when_aligned(np.minimum)
@@ -238,6 +243,7 @@ class scale:
     """Out = scale * X + bias (or scale * (X + bias) when bias_after_scale is False)."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X", "Out")
     attrs = {"scale": 1.0, "bias": 0.0, "bias_after_scale": True}
     infer = same_as(0)
     inplace = {"Out": "X"}
@@ -275,6 +281,7 @@ class square:
     """Out = X * X."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     infer = numeric_same_as(0)
 
     def forward(X):
@@ -319,6 +326,7 @@ class matmul:
     """
 
     inputs, outputs = ("X", "Y"), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"transpose_X": False, "transpose_Y": False, "alpha": 1.0}
 
     def infer(X, Y, transpose_X, transpose_Y, alpha):
@@ -394,6 +402,7 @@ class mul:
     (the fc op's product; Out keeps X's leading dims and Y's trailing dims)."""
 
     inputs, outputs = ("X", "Y"), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"x_num_col_dims": 1, "y_num_col_dims": 1}
 
     def infer(X, Y, x_num_col_dims, y_num_col_dims):
@@ -453,6 +462,7 @@ class sum:
     """Out = X[0] + X[1] + ... (how several gradient contributions are added up)."""
 
     inputs, outputs = ("X*",), ("Out",)
+    grad_no_need_buffer = ("Out",)
 
     def infer(X):
         if not X:

@@ -214,6 +214,7 @@ class layer_norm:
     vectors, Mean/Variance (biased) [rows]. begin_norm_axis lies in [1, rank(X))."""
 
     inputs, outputs = ("X", "Scale?", "Bias?"), ("Y", "Mean?", "Variance?")
+    grad_no_need_buffer = ("Y",)
     attrs = {"epsilon": 1e-5, "begin_norm_axis": 1, "is_test": False, "use_mkldnn": False}
 
     def infer(X, Scale, Bias, epsilon, begin_norm_axis, is_test, use_mkldnn):

@@ -31,6 +31,7 @@ class mean:
     """Out = the mean of all elements of X, a 0-d array of X's dtype."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X", "Out")
 
     def infer(X):
         _require_float(X, "mean")
@@ -85,6 +86,7 @@ class reduce_sum:
     keeps the reduced dims as size 1. Out keeps X's dtype."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = _REDUCE_ATTRS
     infer = _infer_reduce
 
@@ -101,6 +103,7 @@ class reduce_mean:
     """Out = the mean of X over `dim` (all dims when `dim` is empty or `reduce_all`)."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = _REDUCE_ATTRS
 
     def infer(X, dim, keep_dim, reduce_all):

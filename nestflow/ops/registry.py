@@ -22,6 +22,13 @@ None to keep `forward`; the executor binds it once when it prepares a plan.
 it owns the buffer outright: a temporary of the run, read by no later op, referenced by nothing
 else (no other variable, view or user reference), of the output's shape and dtype.
 
+`grad_no_need_buffer = ("X", "Y")` names forward input/output slots whose values the gradient
+kernel never reads (only their shape and dtype, or nothing), as Fluid's
+DECLARE_NO_NEED_BUFFER_VARS_INFERER; `no_need_buffer` says the same of the op's own input slots
+(for an op with `run`). The executor then drops such a value once no op needs more than its
+shape, keeping a zero-stride stand-in of its shape and dtype (nestflow.executor.plan), and a
+loop op keeps stand-ins in its step scopes (nestflow.ops.recurrent).
+
 Slot spelling: "X" one variable, "X*" a list of variables (duplicable), "X?" optional.
 """
 
@@ -31,6 +38,8 @@ import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
+
+import numpy as np
 
 from nestflow.core.dtype import dtype_name
 from nestflow.errors import AttrError, DTypeError, NestflowError, ShapeError, UnknownOpError
@@ -125,6 +134,8 @@ class OpDef:
     forward_type: str | None = None  # set on generated gradient ops
     backward_wants_needs: bool = False
     inplace: dict[str, str] = field(default_factory=dict)  # output slot -> input slot
+    # input slots whose values the kernel reads for their shape and dtype at most
+    no_need_buffer: frozenset[str] = frozenset()
     # output slot -> attrs listing, index by index, what each of its outputs is made from
     # (a control-flow op's names inside its sub-block): prune drops an unneeded output and
     # its entries together, and then prunes the sub-block to what is left
@@ -223,7 +234,9 @@ def register_op(cls: type) -> type:
     - `backward(**inputs, **outputs, <Out>_grad, **attrs)`: one gradient per input slot (None
       for none). Defining it also registers the gradient op `<type>_grad` and the default
       `grad_maker`; an op with unusual gradient wiring defines `grad_maker(op, ctx)` itself, and
-      `no_grad_inputs` names input slots that never get a gradient.
+      `no_grad_inputs` names input slots that never get a gradient, and
+      `grad_no_need_buffer` the forward slots whose values `backward` never reads (at most
+      their shape and dtype); `no_need_buffer` names the op's own such input slots.
     - `inplace = {"Out": "X"}`: `forward` accepts `out=` and may write Out into X's buffer
       (the executor passes it only when it owns that buffer outright); `grad_inplace` likewise
       for the gradient op.
@@ -286,9 +299,20 @@ def register_op(cls: type) -> type:
     )
     if op_def.forward is None and op_def.run is None:
         raise NestflowError(f"operator '{op_type}' defines neither forward nor run")
+    op_def.no_need_buffer = _no_need_buffer(
+        op_def, cls.__dict__.get("no_need_buffer", ()), op_def.inputs, "input slots"
+    )
+    grad_no_need_buffer = cls.__dict__.get("grad_no_need_buffer", ())
+    if grad_no_need_buffer and backward is None:
+        raise NestflowError(f"operator '{op_type}': grad_no_need_buffer needs a backward")
+    grad_no_need_buffer = _no_need_buffer(
+        op_def, grad_no_need_buffer, op_def.inputs + op_def.outputs, "input or output slots"
+    )
     _REGISTRY[op_type] = op_def
     if backward is not None:
-        grad_def = _gradient_op_def(op_def, dict(cls.__dict__.get("grad_inplace", {})))
+        grad_def = _gradient_op_def(
+            op_def, dict(cls.__dict__.get("grad_inplace", {})), grad_no_need_buffer
+        )
         _REGISTRY[grad_def.type] = grad_def
         if op_def.grad_maker is None:
             op_def.grad_maker = default_grad_maker
@@ -296,11 +320,40 @@ def register_op(cls: type) -> type:
     return cls
 
 
+def shape_stand_in(value: Any) -> Any:
+    """For an array whose value nothing reads any more (only its shape and dtype: see
+    no_need_buffer), a read-only zero-stride array of that shape and dtype, so the array's own
+    memory can go; anything else as it is. Stand-ins are shared (one per shape and dtype)."""
+    if type(value) is not np.ndarray:
+        return value
+    key = (value.shape, value.dtype)
+    stand_in = _STAND_INS.get(key)
+    if stand_in is None:
+        if len(_STAND_INS) >= 1024:  # shapes that come and go: bounded, refilled on demand
+            _STAND_INS.clear()
+        stand_in = _STAND_INS[key] = np.broadcast_to(np.zeros((), value.dtype), value.shape)
+    return stand_in
+
+
+_STAND_INS: dict[tuple, np.ndarray] = {}
+
+
+def _no_need_buffer(
+    op_def: OpDef, slots: Sequence[str], known: Sequence[Slot], what: str
+) -> frozenset[str]:
+    unknown = sorted(set(slots) - {s.name for s in known})
+    if unknown:
+        raise NestflowError(
+            f"operator '{op_def.type}': no_need_buffer names {unknown}, which are not its {what}"
+        )
+    return frozenset(slots)
+
+
 def grad_slot(slot: str) -> str:
     return slot + GRAD_SUFFIX
 
 
-def _gradient_op_def(fwd: OpDef, inplace: dict[str, str]) -> OpDef:
+def _gradient_op_def(fwd: OpDef, inplace: dict[str, str], no_need_buffer: frozenset[str]) -> OpDef:
     """The `<type>_grad` op: reads forward inputs, outputs and output grads; writes input grads."""
     grad_outputs = tuple(
         Slot(grad_slot(s.name), s.duplicable, optional=True) for s in fwd.grad_inputs
@@ -320,6 +373,7 @@ def _gradient_op_def(fwd: OpDef, inplace: dict[str, str]) -> OpDef:
         forward_type=fwd.type,
         backward_wants_needs="needs" in inspect.signature(fwd.backward).parameters,
         inplace=inplace,
+        no_need_buffer=no_need_buffer,
     )
 
 

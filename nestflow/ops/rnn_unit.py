@@ -113,6 +113,7 @@ class lstm_unit:
     C_prev [..., D] the cell state before the step."""
 
     inputs, outputs = ("X", "C_prev"), ("C", "H")
+    grad_no_need_buffer = ("H",)
     attrs = {"forget_bias": 0.0}
 
     def infer(X, C_prev, forget_bias):

@@ -84,6 +84,7 @@ class sequence_pool:
     `pad_value` (and MaxIndex -1)."""
 
     inputs, outputs = ("X", "Length?"), ("Out", "MaxIndex?")
+    grad_no_need_buffer = ("Out",)
     attrs = {"pooltype": "AVERAGE", "is_test": False, "pad_value": 0.0}
     no_grad_inputs = ("Length",)
 
@@ -184,6 +185,7 @@ class sequence_reverse:
     are. X is [N, T, ...]; without Length every row is reversed whole."""
 
     inputs, outputs = ("X", "Length?"), ("Y",)
+    grad_no_need_buffer = ("Y",)
     no_grad_inputs = ("Length",)
 
     def infer(X, Length):

@@ -73,6 +73,7 @@ class assign:
     """Out = a copy of X."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X", "Out")
     infer = same_as(0)
 
     def forward(X):
@@ -88,6 +89,7 @@ class cast:
     only: an integer or bool X has no gradient)."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X", "Out")
     # in_dtype: Fluid's cast op carries X's dtype too; X's declared dtype is what counts here.
     attrs = {"out_dtype": Required(str), "in_dtype": None}
 
@@ -198,6 +200,7 @@ class reshape:
     """
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X", "Out")
     attrs = {"shape": Required(list)}
 
     def infer(X, shape):
@@ -243,6 +246,7 @@ class transpose:
     """Out = X with its dims permuted: Out.shape[i] = X.shape[axis[i]]."""
 
     inputs, outputs = ("X",), ("Out",)
+    grad_no_need_buffer = ("X", "Out")
     attrs = {"axis": Required(list)}
 
     def infer(X, axis):
@@ -263,6 +267,7 @@ class concat:
     """Out = the X tensors joined along `axis`; all other dims must agree."""
 
     inputs, outputs = ("X*",), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"axis": 0}
 
     def infer(X, axis):
@@ -328,6 +333,7 @@ class split:
     -1: the rest)."""
 
     inputs, outputs = ("X",), ("Out*",)
+    grad_no_need_buffer = ("X",)
     attrs = {"num": 0, "sections": [], "axis": -1}
 
     def infer(X, num, sections, axis):
@@ -390,6 +396,7 @@ class slice:
     is accepted for Fluid programs and ignored (starts and ends are always attrs here)."""
 
     inputs, outputs = ("Input",), ("Out",)
+    grad_no_need_buffer = ("Input", "Out")
     attrs = {
         "axes": Required(list),
         "starts": Required(list),
@@ -442,6 +449,7 @@ class lookup_table:
     """
 
     inputs, outputs = ("W", "Ids"), ("Out",)
+    grad_no_need_buffer = ("Out",)
     attrs = {"padding_idx": -1}
     no_grad_inputs = ("Ids",)
 
@@ -487,6 +495,7 @@ class dropout:
     """
 
     inputs, outputs = ("X",), ("Out", "Mask")
+    grad_no_need_buffer = ("X", "Out")
     attrs = {"dropout_prob": 0.5, "is_test": False, "seed": 0}
 
     def infer(X, dropout_prob, is_test, seed):

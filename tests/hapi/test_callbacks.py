@@ -189,7 +189,9 @@ def test_model_checkpoint_writes_every_save_freq_epochs_and_the_final(tmp_path):
     fresh = classifier()
     fresh.load(tmp_path / "a" / "1")
     assert fresh.epoch == 2
-    design = nf.callbacks.ModelCheckpoint("c", 3)  # the design contract's order (save_dir, save_freq)
+    design = nf.callbacks.ModelCheckpoint(
+        "c", 3
+    )  # the design contract's order (save_dir, save_freq)
     paddle = nf.callbacks.ModelCheckpoint(3, "c")  # Paddle's
     assert (design.save_dir, design.save_freq) == (paddle.save_dir, paddle.save_freq) == ("c", 3)
     checkpoint = nf.callbacks.ModelCheckpoint(tmp_path / "b")

@@ -227,7 +227,9 @@ def test_an_output_made_outside_the_block_passes_through_with_its_gradient(rng):
     scope, exe = nf.Scope(), nf.Executor()
     exe.run(startup, scope=scope)
     feed = {"x": rng.normal(size=(3, 2))}
-    got, inner_got, w_grad = exe.run(main, feed=feed, fetch_list=[outer, inner, "w@GRAD"], scope=scope)
+    got, inner_got, w_grad = exe.run(
+        main, feed=feed, fetch_list=[outer, inner, "w@GRAD"], scope=scope
+    )
     w_value = scope.find_var("w").get(nf.Tensor).numpy()
     np.testing.assert_allclose(got, feed["x"] @ w_value, rtol=1e-12)
     np.testing.assert_allclose(inner_got, 2 * feed["x"], rtol=1e-12)

@@ -15,7 +15,7 @@ from nestflow.core.scope import live_scope_count
 from nestflow.errors import ScopeDestroyedError
 from nestflow.executor.executor import StepRunner
 from nestflow.ops import register_op
-from nestflow.ops.ifelse import GradSum
+from nestflow.ops.ifelse import GradSum, scope_array
 from nestflow.ops.registry import _REGISTRY
 
 L = nf.layers
@@ -258,3 +258,52 @@ def test_gradients_are_the_same_when_step_scopes_were_read_by_name(rng, peek, mo
     (got,) = exe.run(feed={"x": xs}, fetch_list=["w@GRAD"], scope=scope)
     assert len(_seen) == len(general) == {None: 0, "all": 3, "one": 1}[peek]
     np.testing.assert_allclose(got, _numeric_w_grad(xs, w0), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("peek", [False, True])
+def test_step_values_the_gradient_needs_only_the_shape_of_are_kept_as_stand_ins(
+    rng, peek, monkeypatch
+):
+    """x_t @ w (hoisted: a step input's slice) is read by the gradient block only as the add's
+    X (grad_no_need_buffer): the step scopes keep a zero-stride stand-in of it, except the
+    newest (fetches read that one), and the gradient is unchanged. When another op reads the
+    step scopes by name, every step keeps the real value."""
+    x, w, new, out = _rnn(steps=3)
+    loss = L.reduce_sum(out)
+    nf.append_backward(loss)
+    block = nf.default_main_program().global_block()
+    index = next(i for i, op in enumerate(block.ops) if op.type == "recurrent")
+    step_block = block.ops[index].attr("sub_block")
+    product = next(op for op in step_block.ops if op.type == "elementwise_add").input("X")[0]
+    if peek:
+        scopes = block.ops[index].output("StepScopes")[0]
+        block.create_var("peek", [1], "float64")
+        block.insert_op(
+            index + 1,
+            "test_peek_step_scopes",
+            {"Scopes": [scopes]},
+            {"Out": ["peek"]},
+            {"name": product},
+        )
+    held = []
+    grad_def = _REGISTRY["recurrent_grad"]
+
+    def run(ctx):
+        held.extend(scope_array(s, product) for s in ctx.input("StepScopes"))
+        return real_run(ctx)
+
+    real_run = grad_def.run
+    monkeypatch.setattr(grad_def, "run", run)
+    scope = nf.Scope()
+    exe = nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    xs = rng.normal(size=(2, 3, 2))
+    w0 = scope.find_var("w").get(nf.Tensor).numpy()
+    (got,) = exe.run(feed={"x": xs}, fetch_list=["w@GRAD"], scope=scope)
+    np.testing.assert_allclose(got, _numeric_w_grad(xs, w0), rtol=1e-6, atol=1e-9)
+    assert len(held) == 3
+    for t, value in enumerate(held):
+        real = peek or t == 2
+        assert (value.strides == (0, 0)) is not real, (t, value.strides)
+        if real:
+            np.testing.assert_allclose(value, xs[:, t] @ w0, rtol=1e-12)
