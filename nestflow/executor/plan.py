@@ -295,19 +295,13 @@ class BlockPlan:
         (fetches), names any sub-block mentions (read by name while it runs), and arrays known
         to be small, where the saved memory is not worth a line.
         """
-        last_use: dict[str, int] = {}
-        for index, op in enumerate(self.ops):
-            for name in op.input_names() + op.output_names():
-                if name:
-                    last_use[name] = index
+        last_use, _ = self._last_uses()
         seen_by_sub_blocks = _names_in_sub_blocks(self.ops)
         drops: list[list[int]] = [[] for _ in self.ops]
         for name, index in last_use.items():
-            desc = self.block.find_var(name)
-            if desc is None or desc.persistable or name in keep or name in seen_by_sub_blocks:
-                continue
-            if _static_size(desc.shape) >= RELEASE_MIN_ELEMENTS:
-                drops[index].append(self.slot_of[name])
+            slot = self._big_temporary(name, keep, seen_by_sub_blocks)
+            if slot is not None:
+                drops[index].append(slot)
         return [tuple(d) for d in drops]
 
     def _stand_ins(self, keep: frozenset[str]) -> list[tuple[int, ...]]:
@@ -316,8 +310,22 @@ class BlockPlan:
         value's shape): the value then gives way to a zero-stride stand-in of its shape and
         dtype, and its memory is free long before its last reader has run. The same names are
         exempt as from `_releases`."""
-        last_need: dict[str, int] = {}
+        last_use, last_need = self._last_uses()
+        seen_by_sub_blocks = _names_in_sub_blocks(self.ops)
+        points: list[list[int]] = [[] for _ in self.ops]
+        for name, index in last_need.items():
+            if last_use[name] == index:
+                continue  # released after that op anyway
+            slot = self._big_temporary(name, keep, seen_by_sub_blocks)
+            if slot is not None:
+                points[index].append(slot)
+        return [tuple(p) for p in points]
+
+    def _last_uses(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Per name, the index of the last op that uses it, and of the last that needs its
+        value (writes it, or reads it through a slot not in its op's no_need_buffer)."""
         last_use: dict[str, int] = {}
+        last_need: dict[str, int] = {}
         for index, op in enumerate(self.ops):
             shape_only = get_op_def(op.type).no_need_buffer
             for slot, names in op.inputs.items():
@@ -329,17 +337,18 @@ class BlockPlan:
             for name in op.output_names():
                 if name:
                     last_use[name] = last_need[name] = index
-        seen_by_sub_blocks = _names_in_sub_blocks(self.ops)
-        points: list[list[int]] = [[] for _ in self.ops]
-        for name, index in last_need.items():
-            if last_use[name] == index:
-                continue  # released after that op anyway
-            desc = self.block.find_var(name)
-            if desc is None or desc.persistable or name in keep or name in seen_by_sub_blocks:
-                continue
-            if _static_size(desc.shape) >= RELEASE_MIN_ELEMENTS:
-                points[index].append(self.slot_of[name])
-        return [tuple(p) for p in points]
+        return last_use, last_need
+
+    def _big_temporary(
+        self, name: str, keep: frozenset[str], seen_by_sub_blocks: set[str]
+    ) -> int | None:
+        """The slot of `name` if the plan may drop its value before the run ends: not
+        persistable (written back after the run), not in `keep` (fetched), not read by name in
+        a sub-block, and not known to be small."""
+        desc = self.block.find_var(name)
+        if desc is None or desc.persistable or name in keep or name in seen_by_sub_blocks:
+            return None
+        return self.slot_of[name] if _static_size(desc.shape) >= RELEASE_MIN_ELEMENTS else None
 
     def runtime_error(self, index: int, env: Env, exc: Exception) -> ExecutionError:
         op = self.ops[index]

@@ -90,6 +90,34 @@ def _rnn(steps=4, hidden=3):
     return x, w, new, rnn()
 
 
+def _w_grad_checked(rng):
+    """Run the default programs on a random batch of 3 steps; w@GRAD must equal central
+    differences. Returns the batch and w's value."""
+    scope = nf.Scope()
+    exe = nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    xs = rng.normal(size=(2, 3, 2))
+    w0 = scope.find_var("w").get(nf.Tensor).numpy()
+    (got,) = exe.run(feed={"x": xs}, fetch_list=["w@GRAD"], scope=scope)
+    np.testing.assert_allclose(got, _numeric_w_grad(xs, w0), rtol=1e-6, atol=1e-9)
+    return xs, w0
+
+
+def _peek_after_the_rnn(block, name: str, step: int = -1) -> None:
+    """Insert a test_peek_step_scopes op reading `name` from the recurrent op's step scopes
+    right after that op."""
+    index = next(i for i, op in enumerate(block.ops) if op.type == "recurrent")
+    scopes = block.ops[index].output("StepScopes")[0]
+    block.create_var("peek", [1], "float64")
+    block.insert_op(
+        index + 1,
+        "test_peek_step_scopes",
+        {"Scopes": [scopes]},
+        {"Out": ["peek"]},
+        {"name": name, "step": step},
+    )
+
+
 def _numpy_rnn(x, w):
     h = np.zeros((x.shape[0], w.shape[1]))
     outs = []
@@ -187,13 +215,7 @@ def test_weight_gradient_reads_each_steps_own_input_slice(rng):
     x, w, new, out = _rnn(steps=3)
     loss = L.reduce_sum(out)
     nf.append_backward(loss)
-    scope = nf.Scope()
-    exe = nf.Executor()
-    exe.run(nf.default_startup_program(), scope=scope)
-    xs = rng.normal(size=(2, 3, 2))
-    w0 = scope.find_var("w").get(nf.Tensor).numpy()
-    (got,) = exe.run(feed={"x": xs}, fetch_list=["w@GRAD"], scope=scope)
-    np.testing.assert_allclose(got, _numeric_w_grad(xs, w0), rtol=1e-6, atol=1e-9)
+    _w_grad_checked(rng)
 
 
 def test_remembered_outer_values_follow_the_parent_scope():
@@ -236,16 +258,7 @@ def test_gradients_are_the_same_when_step_scopes_were_read_by_name(rng, peek, mo
     main = nf.default_main_program()
     block = main.global_block()
     if peek:
-        index = next(i for i, op in enumerate(block.ops) if op.type == "recurrent")
-        scopes = block.ops[index].output("StepScopes")[0]
-        block.create_var("peek", [1], "float64")
-        block.insert_op(
-            index + 1,
-            "test_peek_step_scopes",
-            {"Scopes": [scopes]},
-            {"Out": ["peek"]},
-            {"name": new.name, "step": 1 if peek == "one" else -1},
-        )
+        _peek_after_the_rnn(block, new.name, step=1 if peek == "one" else -1)
     scope = nf.Scope()
     exe = nf.Executor()
     exe.run(nf.default_startup_program(), scope=scope)
@@ -276,15 +289,7 @@ def test_step_values_the_gradient_needs_only_the_shape_of_are_kept_as_stand_ins(
     step_block = block.ops[index].attr("sub_block")
     product = next(op for op in step_block.ops if op.type == "elementwise_add").input("X")[0]
     if peek:
-        scopes = block.ops[index].output("StepScopes")[0]
-        block.create_var("peek", [1], "float64")
-        block.insert_op(
-            index + 1,
-            "test_peek_step_scopes",
-            {"Scopes": [scopes]},
-            {"Out": ["peek"]},
-            {"name": product},
-        )
+        _peek_after_the_rnn(block, product)
     held = []
     grad_def = _REGISTRY["recurrent_grad"]
 
@@ -294,13 +299,7 @@ def test_step_values_the_gradient_needs_only_the_shape_of_are_kept_as_stand_ins(
 
     real_run = grad_def.run
     monkeypatch.setattr(grad_def, "run", run)
-    scope = nf.Scope()
-    exe = nf.Executor()
-    exe.run(nf.default_startup_program(), scope=scope)
-    xs = rng.normal(size=(2, 3, 2))
-    w0 = scope.find_var("w").get(nf.Tensor).numpy()
-    (got,) = exe.run(feed={"x": xs}, fetch_list=["w@GRAD"], scope=scope)
-    np.testing.assert_allclose(got, _numeric_w_grad(xs, w0), rtol=1e-6, atol=1e-9)
+    xs, w0 = _w_grad_checked(rng)
     assert len(held) == 3
     for t, value in enumerate(held):
         real = peek or t == 2
