@@ -36,6 +36,7 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass
+from sys import getrefcount
 from time import perf_counter_ns
 from typing import Any
 
@@ -53,6 +54,9 @@ _LAUNCHER_RANK = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
 # ended after its last collective lets the others finish theirs at once).
 EXIT_TAG = 7215
 EXIT_GRACE_S = 5.0
+# Bucket buffers kept for reuse per (size, dtype): one per bucket of that size in flight at once,
+# and one more for gradients of the previous step still held.
+BUCKET_BUFFERS_KEPT = 4
 
 
 def _launcher_value(keys: tuple[str, ...], default: int) -> int:
@@ -100,6 +104,7 @@ class Communicator:
         self.nbytes = 0
         self.wait_ns = 0
         self.inflight: list[Any] = []  # started non-blocking all-reduces not yet waited for
+        self.buffers: dict[tuple[int, np.dtype], list[np.ndarray]] = {}
 
     @property
     def initialized(self) -> bool:
@@ -183,6 +188,22 @@ class Communicator:
 
         self._count("Allreduce", buffer)
         self._complete(self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=_MPI_OPS[kind](MPI)))
+
+    def bucket_buffer(self, size: int, dtype: np.dtype) -> np.ndarray:
+        """An uninitialised 1-D buffer for a bucket, reused from step to step: one is handed out
+        again only once nothing refers to it any more (the averaged gradients a wait returns
+        are views of it, so a gradient still held, say fetched by the user, keeps its buffer
+        out of use). A fresh buffer of megabytes costs a page fault per 4 KiB on every step
+        (W1's 2.7 MB bucket: 3.4 ms of system time per 5 ms step on 2 ranks)."""
+        pool = self.buffers.setdefault((size, dtype), [])
+        for buffer in pool:
+            # Counted references: the pool's, the loop variable's and getrefcount's argument.
+            if getrefcount(buffer) == 3:
+                return buffer
+        buffer = np.empty(size, dtype)
+        if len(pool) < BUCKET_BUFFERS_KEPT:
+            pool.append(buffer)
+        return buffer
 
     def start_allreduce(self, buffer: np.ndarray) -> Any:
         """Start summing `buffer` over the ranks in place; returns the MPI request. Earlier
@@ -575,7 +596,7 @@ def _start_average(X, Param, Weight) -> PendingAverage:
         weight = float(values[0])
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
     wire = _wire_dtype(np.dtype(dtype))
-    buffer = np.empty(sum(sizes) + (weight is not None), wire)
+    buffer = world.bucket_buffer(sum(sizes) + (weight is not None), wire)
     # Scaled while packed (one pass over the gradients): by the weight, else by 1 / size so
     # that the sum is the mean (exact for power-of-two sizes).
     scale = weight if weight is not None else 1.0 / world.size

@@ -170,9 +170,12 @@ class _TwoRanks:
 
     size, rank, initialized = 2, 0, True
 
+    bucket_buffer = collective.Communicator.bucket_buffer
+
     def __init__(self, other: np.ndarray):
         self.other = other
         self.sent: list[np.ndarray] = []
+        self.buffers = {}
 
     def checked(self):
         return self
@@ -235,3 +238,38 @@ def test_a_missing_gradient_sends_zeros_so_the_ranks_agree(monkeypatch):
     (g,), sent = _average(monkeypatch, [None], c / 2)
     np.testing.assert_array_equal(sent, np.zeros(3))
     np.testing.assert_allclose(g, c / 2, rtol=1e-15)
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def test_a_bucket_buffer_is_reused_only_once_nothing_refers_to_it():
+    world, float32 = collective.Communicator(), np.dtype(np.float32)
+    first = world.bucket_buffer(8, float32)
+    address, view = _address(first), first[2:5]
+    del first
+    second = world.bucket_buffer(8, float32)  # a view of the first is alive: a new buffer
+    assert _address(second) != address and not np.shares_memory(second, view)
+    del view
+    assert _address(world.bucket_buffer(8, float32)) == address  # free again: reused
+    assert _address(world.bucket_buffer(8, np.dtype(np.float64))) != address
+    held = [world.bucket_buffer(8, float32) for _ in range(2 * collective.BUCKET_BUFFERS_KEPT)]
+    assert len({_address(b) for b in held}) == len(held)
+    assert len(world.buffers[(8, float32)]) == collective.BUCKET_BUFFERS_KEPT
+
+
+def test_averaged_gradients_still_held_are_not_overwritten_by_the_next_step(monkeypatch):
+    world = _TwoRanks(np.zeros(3))
+    monkeypatch.setattr(collective, "WORLD", world)
+    a, b = rng.normal(size=3), rng.normal(size=3)
+    (held,) = collective._start_average([a], [a], None).wait([a])
+    kept = held.copy()
+    (g,) = collective._start_average([b], [b], None).wait([b])
+    np.testing.assert_array_equal(held, kept)
+    np.testing.assert_array_equal(g, b / 2)
+    address = _address(g)
+    del g
+    (g,) = collective._start_average([a], [a], None).wait([a])  # the freed buffer serves again
+    assert _address(g) == address
+    np.testing.assert_array_equal(g, a / 2)
