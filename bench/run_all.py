@@ -59,10 +59,37 @@ def environment() -> str:
     except ImportError:
         torch_version = "not installed"
     return (
-        f"{datetime.date.today()}; {platform.machine()}, {os.cpu_count()} cores; "
-        f"Python {platform.python_version()}, NumPy {np.__version__}, PyTorch {torch_version} "
-        f"({TORCH_THREADS} threads)"
+        f"{datetime.date.today()}; {platform.machine()} {cpu_model()}, {os.cpu_count()} cores; "
+        f"Python {platform.python_version()}, NumPy {np.__version__} ({blas()}), "
+        f"PyTorch {torch_version} ({TORCH_THREADS} threads)"
     )
+
+
+def cpu_model() -> str:
+    """The CPU's model name and feature level: the figures of two runs compare only on the same
+    hardware (the project's VMs have been AMD EPYCs with and without AVX-512)."""
+    model, avx512 = "", False
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and not model:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    avx512 = " avx512f" in line
+                    break
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    return f"{model or 'unknown CPU'}{' with AVX-512' if avx512 else ''}"
+
+
+def blas() -> str:
+    """NumPy's BLAS and the kernels it chose for this CPU (OpenBLAS's core type)."""
+    from threadpoolctl import threadpool_info
+
+    for info in threadpool_info():
+        if info.get("user_api") == "blas":
+            return f"{info.get('internal_api')} {info.get('version')}, {info.get('architecture')} kernels"
+    return "BLAS unknown"
 
 
 def write_results(results: list[dict], seconds: float) -> None:
