@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.core.memory import keep_freed_memory
 from nestflow.core.place import CPUPlace, Place
 from nestflow.core.scope import _NOTHING_HELD, Scope
 from nestflow.core.tensor import Tensor
@@ -95,6 +96,7 @@ class Executor:
             )
         self.place = place if place is not None else CPUPlace()
         self.check_nan_inf = check_nan_inf
+        keep_freed_memory()
 
     @staticmethod
     def _plan(program: Program) -> _ProgramPlan:
