@@ -11,7 +11,14 @@ project's 2-vCPU AMD EPYC machine, OpenBLAS 0.3.31's Haswell kernels):
   it does not.
 
 Summing in pieces changes the order of the additions, not the result's accuracy; the order is
-fixed by the shapes, so results stay deterministic.
+fixed by the shapes (and, for matmul_nt, by the BLAS kernels), so results stay deterministic.
+
+On a 2-vCPU AMD EPYC with AVX-512, where OpenBLAS runs its SkylakeX kernels, the same questions
+had other answers: one call beat matmul_nt's pieces on every conv shape of W8 and W9 (W9's
+Winograd filter gradient, [36, 64, 1568] x [36, 64, 1568]^T: 7.7 ms against 8.5 ms; LeNet's
+[16, 4096] x [150, 4096]^T: 0.29 against 0.32 ms), while matmul_tn's pieces still won inside
+an RNN's train step (W3: 2.8 ms a step against 3.5 ms with one call). So matmul_nt sums long
+axes in pieces only where OpenBLAS's kernels are not the AVX-512 ones (`long_axes_in_pieces`).
 """
 
 from __future__ import annotations
@@ -70,6 +77,26 @@ def _summed(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     return total
 
 
+# OpenBLAS's kernel families for AVX-512 CPUs (its "core" names, as threadpoolctl reports them).
+_AVX512_KERNELS = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
+_blas_kernels: list[str] = []
+
+
+def long_axes_in_pieces() -> bool:
+    """Whether matmul_nt sums a long axis in pieces: not where OpenBLAS runs its AVX-512
+    kernels (see the module docstring). Asked of threadpoolctl once per process."""
+    if not _blas_kernels:
+        from threadpoolctl import threadpool_info
+
+        found = [
+            str(info.get("architecture") or "").lower()
+            for info in threadpool_info()
+            if info.get("internal_api") == "openblas"
+        ]
+        _blas_kernels.append(found[0] if found else "")
+    return _blas_kernels[0] not in _AVX512_KERNELS
+
+
 def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a [..., M, K] times b [..., N, K] transposed: [..., M, N] (a transposed view when
     M < N, so the larger of M, N becomes the rows). A long K into a small output (a filter
@@ -78,7 +105,7 @@ def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.swapaxes(matmul_nt(b, a), -1, -2)
     k = a.shape[-1]
     # only a long K into a small output; with N < 16 the calls' overhead outweighs the gain
-    chunked = b.shape[-2] >= 16 and k > 4 * a.shape[-2]
+    chunked = b.shape[-2] >= 16 and k > 4 * a.shape[-2] and long_axes_in_pieces()
     pieces = max(1, -(-k // NT_PIECE)) if chunked else 1
     size = max(1, -(-k // pieces))
     total = np.matmul(a[..., :size], np.swapaxes(b[..., :size], -1, -2))

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from nestflow.ops import gemm
 from nestflow.ops.gemm import NT_PIECE, TN_PIECE_ROWS, matmul_nt, matmul_tn, matmul_tn_blocks
 
 
@@ -68,7 +69,27 @@ def test_matmul_tn_blocks_equals_one_product_of_the_stacks(block_rows):
         ((1, 1), (1, 1)),
     ],
 )
-def test_matmul_nt_equals_one_product(a_shape, b_shape):
+@pytest.mark.parametrize("kernels", ["haswell", "skylakex"])  # summed in pieces, or not
+def test_matmul_nt_equals_one_product(a_shape, b_shape, kernels, monkeypatch):
+    monkeypatch.setattr(gemm, "_blas_kernels", [kernels])
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
     np.testing.assert_allclose(matmul_nt(a, b), a @ np.swapaxes(b, -1, -2), rtol=1e-12, atol=1e-11)
+
+
+def test_long_axes_are_summed_in_pieces_except_with_openblas_avx512_kernels(monkeypatch):
+    calls = []
+    monkeypatch.setattr(gemm.np, "matmul", lambda *a, **k: calls.append(1) or np.dot(*a, **k))
+    a = b = np.ones((64, 4 * NT_PIECE))
+    for kernels, pieces in (("haswell", True), ("zen", True), ("skylakex", False), ("", True)):
+        monkeypatch.setattr(gemm, "_blas_kernels", [kernels])
+        assert gemm.long_axes_in_pieces() is pieces
+        calls.clear()
+        np.testing.assert_array_equal(matmul_nt(a, b), np.full((64, 64), 4.0 * NT_PIECE))
+        assert len(calls) == (4 if pieces else 1)
+
+
+def test_the_blas_kernels_are_asked_once(monkeypatch):
+    monkeypatch.setattr(gemm, "_blas_kernels", [])
+    first = gemm.long_axes_in_pieces()
+    assert len(gemm._blas_kernels) == 1 and gemm.long_axes_in_pieces() is first
