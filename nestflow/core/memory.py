@@ -12,13 +12,16 @@ LeNet-5's train step (W8) took 12.5 ms with 2,625 faults (5.3 ms of system time)
 6.0 ms with none; W9's 3x3 conv forward and backward 72 ms with 2,446 faults, 66 ms with none.
 
 `keep_freed_memory()`, called when the first Executor is made, sets glibc's M_MMAP_THRESHOLD to
-32 MiB (its largest: smaller blocks come from the heap) and M_TRIM_THRESHOLD to 256 MiB (up to
-that much free memory stays mapped for the next step): the process then reuses its pages. The
-price is resident memory that a finished phase no longer needs, at most 256 MiB at the top of
-the heap. NumPy makes the same kind of process-wide choice for large arrays (transparent huge
-pages, NUMPY_MADVISE_HUGEPAGE). Nothing is changed when NESTFLOW_KEEP_FREED_MEMORY=0, when the
-environment already tunes glibc (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_,
-MALLOC_TOP_PAD_), or when the C library is not glibc (macOS, musl: their allocators differ).
+32 MiB (the ceiling of glibc's own moving threshold: smaller blocks come from the heap) and
+M_TRIM_THRESHOLD to 256 MiB (up to that much free memory stays mapped at the top of each malloc
+arena for the next step): the process then reuses its pages. The price is resident memory
+that a finished phase no longer needs: up to 256 MiB per arena (one per thread that allocates,
+at most), besides the free blocks below live ones that glibc never returns anyway. NumPy makes
+the same kind of process-wide choice for large arrays (transparent huge pages,
+NUMPY_MADVISE_HUGEPAGE). Nothing is changed when NESTFLOW_KEEP_FREED_MEMORY=0, when the
+environment already tunes glibc's malloc (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_,
+MALLOC_TOP_PAD_, or those settings in GLIBC_TUNABLES), or when the C library is not glibc
+(macOS, musl: their allocators differ).
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ TRIM_THRESHOLD = 256 << 20
 # glibc's <malloc.h>
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _GLIBC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+_GLIBC_TUNABLES = (
+    "glibc.malloc.mmap_threshold",
+    "glibc.malloc.trim_threshold",
+    "glibc.malloc.top_pad",
+)
 
 _state: dict[str, bool] = {}
 
@@ -51,6 +59,9 @@ def _tune() -> bool:
     if os.environ.get("NESTFLOW_KEEP_FREED_MEMORY", "1").strip() == "0":
         return False
     if any(name in os.environ for name in _GLIBC_VARIABLES) or not sys.platform.startswith("linux"):
+        return False
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if any(name in tunables for name in _GLIBC_TUNABLES):
         return False
     try:
         libc = ctypes.CDLL(None)

@@ -411,12 +411,28 @@ class _Call:
 
 def _owned(value: Any) -> bool:
     """Whether nothing but the env slot holds `value` (an array) or the array it views, so an op
-    may overwrite it. Counted references: the env slot, this call's argument and getrefcount's
-    own; for a view's base: the view's, the local `base` and getrefcount's."""
-    if getrefcount(value) != 3 or type(value) is not np.ndarray or not value.flags.writeable:
+    may overwrite it. The counts to expect come from `_held_once_counts`, which reads them the
+    same way (in CPython 3.11: the env slot, this call's argument and getrefcount's own; for a
+    view's base: the view's, the local `base` and getrefcount's)."""
+    if getrefcount(value) != _HELD_ONCE or type(value) is not np.ndarray:
+        return False
+    if not value.flags.writeable:
         return False
     base = value.base
-    return base is None or (type(base) is np.ndarray and getrefcount(base) == 3)
+    return base is None or (type(base) is np.ndarray and getrefcount(base) == _BASE_HELD_ONCE)
+
+
+def _held_once_counts(value: Any) -> tuple[int, int]:
+    """What _owned reads for a view held by one env slot whose base only it holds: the same
+    statements, so the counts follow the interpreter (CPython 3.14 borrows references to
+    locals where 3.11 takes them)."""
+    base = value.base
+    return getrefcount(value), getrefcount(base)
+
+
+_probe_env = [np.empty(2)[1:]]  # an env slot holding a view, as e[s] does
+_HELD_ONCE, _BASE_HELD_ONCE = _held_once_counts(_probe_env[0])
+del _probe_env
 
 
 def _into(kernel: Callable) -> Callable | None:

@@ -54,9 +54,22 @@ _LAUNCHER_RANK = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
 # ended after its last collective lets the others finish theirs at once).
 EXIT_TAG = 7215
 EXIT_GRACE_S = 5.0
-# Bucket buffers kept for reuse per (size, dtype): one per bucket of that size in flight at once,
-# and one more for gradients of the previous step still held.
-BUCKET_BUFFERS_KEPT = 4
+# The bytes of bucket buffers kept for reuse (over every size and dtype): a buffer made once
+# the pool holds this much is used once and dropped.
+BUCKET_POOL_BYTES = 512 << 20
+
+
+def _unheld_count() -> int:
+    """getrefcount of a pooled buffer nothing else holds, read by the same code as in
+    Communicator.bucket_buffer: what the pool, the loop variable and the call's argument
+    count for depends on the interpreter (CPython 3.14 borrows references to locals)."""
+    pool = [np.empty(0)]
+    for buffer in pool:
+        return getrefcount(buffer)
+    raise AssertionError("unreachable")
+
+
+_UNHELD = _unheld_count()
 
 
 def _launcher_value(keys: tuple[str, ...], default: int) -> int:
@@ -103,8 +116,11 @@ class Communicator:
         self.calls: Counter[str] = Counter()
         self.nbytes = 0
         self.wait_ns = 0
-        self.inflight: list[Any] = []  # started non-blocking all-reduces not yet waited for
+        # started non-blocking all-reduces not yet waited for, with the buffers they sum into
+        # (MPI's request holds no Python reference to its buffer)
+        self.inflight: list[tuple[Any, np.ndarray]] = []
         self.buffers: dict[tuple[int, np.dtype], list[np.ndarray]] = {}
+        self.pooled_bytes = 0
 
     @property
     def initialized(self) -> bool:
@@ -193,33 +209,40 @@ class Communicator:
         """An uninitialised 1-D buffer for a bucket, reused from step to step: one is handed out
         again only once nothing refers to it any more (the averaged gradients a wait returns
         are views of it, so a gradient still held, say fetched by the user, keeps its buffer
-        out of use). A fresh buffer of megabytes costs a page fault per 4 KiB on every step
-        (W1's 2.7 MB bucket: 3.4 ms of system time per 5 ms step on 2 ranks)."""
+        out of use; an all-reduce in flight holds its buffer through `inflight`). A fresh
+        buffer of megabytes costs a page fault per 4 KiB on every step (W1's 2.7 MB bucket:
+        3.4 ms of system time per 5 ms step on 2 ranks). At most BUCKET_POOL_BYTES are kept."""
         pool = self.buffers.setdefault((size, dtype), [])
         for buffer in pool:
-            # Counted references: the pool's, the loop variable's and getrefcount's argument.
-            if getrefcount(buffer) == 3:
+            if getrefcount(buffer) == _UNHELD:
                 return buffer
         buffer = np.empty(size, dtype)
-        if len(pool) < BUCKET_BUFFERS_KEPT:
+        if self.pooled_bytes + buffer.nbytes <= BUCKET_POOL_BYTES:
             pool.append(buffer)
+            self.pooled_bytes += buffer.nbytes
         return buffer
 
     def start_allreduce(self, buffer: np.ndarray) -> Any:
         """Start summing `buffer` over the ranks in place; returns the MPI request. Earlier
-        requests still in flight are tested first, which lets MPI progress them."""
+        requests still in flight are tested first, which lets MPI progress them (and lets go
+        of the buffers of those done, waited for or not)."""
         from mpi4py import MPI
 
-        if self.inflight:
-            MPI.Request.Testall(self.inflight)
+        self.forget_finished()
         self._count("Iallreduce", buffer)
         request = self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-        self.inflight.append(request)
+        self.inflight.append((request, buffer))
         return request
+
+    def forget_finished(self) -> None:
+        """Test the all-reduces in flight (MPI progresses them) and drop those done, with the
+        hold on their buffers."""
+        if self.inflight:
+            self.inflight = [(r, b) for r, b in self.inflight if not r.Test()]
 
     def wait(self, request: Any) -> None:
         # By identity: finished requests all compare equal to MPI.REQUEST_NULL.
-        self.inflight = [r for r in self.inflight if r is not request]
+        self.inflight = [(r, b) for r, b in self.inflight if r is not request]
         start = perf_counter_ns()
         self._complete(request)
         self.wait_ns += perf_counter_ns() - start

@@ -86,21 +86,33 @@ def long_axes_in_pieces() -> bool:
     """Whether matmul_nt sums a long axis in pieces: not where OpenBLAS runs its AVX-512
     kernels (see the module docstring). Asked of threadpoolctl once per process."""
     if not _blas_kernels:
+        _blas_kernels.append(_numpy_openblas_kernels())
+    return _blas_kernels[0] not in _AVX512_KERNELS
+
+
+def _numpy_openblas_kernels() -> str:
+    """The kernel family of the OpenBLAS NumPy calls, lower case ("" when NumPy's BLAS is
+    another library, or threadpoolctl cannot tell: then the pieces, as before)."""
+    import warnings
+
+    try:
         from threadpoolctl import threadpool_info
 
-        found = [
-            str(info.get("architecture") or "").lower()
-            for info in threadpool_info()
-            if info.get("internal_api") == "openblas"
-        ]
-        _blas_kernels.append(found[0] if found else "")
-    return _blas_kernels[0] not in _AVX512_KERNELS
+        with warnings.catch_warnings():  # e.g. its note on mixed OpenMP runtimes
+            warnings.simplefilter("ignore")
+            infos = [i for i in threadpool_info() if i.get("internal_api") == "openblas"]
+    except Exception:  # a failing probe must not fail a product
+        return ""
+    # NumPy's own copy where several are loaded (SciPy's or PyTorch's may differ)
+    infos.sort(key=lambda i: "numpy" not in str(i.get("filepath", "")).lower())
+    return str(infos[0].get("architecture") or "").lower() if infos else ""
 
 
 def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a [..., M, K] times b [..., N, K] transposed: [..., M, N] (a transposed view when
     M < N, so the larger of M, N becomes the rows). A long K into a small output (a filter
-    gradient's 64x64 summed over 25,088 pixels) is summed in pieces of at most NT_PIECE."""
+    gradient's 64x64 summed over 25,088 pixels) is summed in pieces of at most NT_PIECE where
+    `long_axes_in_pieces()` (not under OpenBLAS's AVX-512 kernels)."""
     if a.shape[-2] < b.shape[-2]:
         return np.swapaxes(matmul_nt(b, a), -1, -2)
     k = a.shape[-1]

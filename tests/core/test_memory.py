@@ -39,6 +39,7 @@ print(json.dumps({"tuned": keep_freed_memory(), "faults": faults}))
 def _child(**env: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     clean.pop("NESTFLOW_KEEP_FREED_MEMORY", None)
+    clean.pop("GLIBC_TUNABLES", None)
     done = subprocess.run(
         [sys.executable, "-c", _CHILD],
         capture_output=True,
@@ -69,6 +70,13 @@ def test_an_executor_makes_freed_arrays_reuse_their_pages():
         assert untuned["faults"] > 2000
 
 
-@pytest.mark.parametrize("variable", ["MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"])
-def test_the_users_own_glibc_settings_win(variable):
-    assert _child(**{variable: str(64 << 20)})["tuned"] is False
+@pytest.mark.parametrize(
+    "variable, value",
+    [
+        ("MALLOC_TRIM_THRESHOLD_", str(64 << 20)),
+        ("MALLOC_MMAP_THRESHOLD_", str(64 << 20)),
+        ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1048576"),
+    ],
+)
+def test_the_users_own_glibc_settings_win(variable, value):
+    assert _child(**{variable: value})["tuned"] is False

@@ -81,7 +81,7 @@ def test_a_parameter_only_a_product_gradient_reads_is_laid_out_transposed(
 
     # every step's product gradient got wh; laid out transposed unless another op reads it
     assert len(layouts) == 2 * STEPS
-    assert set(layouts) == {(False, True)} if not also_reads_wh else {(True, False)}
+    assert set(layouts) == ({(True, False)} if also_reads_wh else {(False, True)})
     # the parameters themselves stay C-contiguous and train exactly as by hand
     want_wx, want_wh = _numpy_steps(xs, wx0, wh0, 2, also_reads_wh)
     for name, want in (("wx", want_wx), ("wh", want_wh)):
@@ -105,3 +105,53 @@ def test_the_layout_follows_a_parameter_changed_between_runs(rng):
         _, want_wh = _numpy_steps(xs, wx0, wh0, 1, False)
         got = scope.find_var("wh").get(nf.Tensor).numpy()
         np.testing.assert_allclose(got, want_wh, rtol=1e-12, atol=1e-14)
+
+
+def test_an_fc_weight_in_the_step_is_laid_out_for_mul_grad(rng, monkeypatch):
+    """h_t = tanh(fc(x_t) + fc(h_{t-1})): the fc's mul_grad gets its weight laid out too; the
+    weight gradients equal central differences."""
+    grad_def = get_op_def("mul_grad")
+    kernel, layouts = grad_def.forward, []
+
+    def spy(X, Y, *args, **kwargs):
+        layouts.append((Y.shape, Y.flags.f_contiguous and not Y.flags.c_contiguous))
+        return kernel(X, Y, *args, **kwargs)
+
+    monkeypatch.setattr(grad_def, "forward", spy)
+    x = L.data("x", [-1, STEPS, N_IN], "float64")
+    h0 = L.fill_constant([BATCH, N_HID], "float64", 0.0)
+    rnn = nf.rnn()
+    with rnn.step():
+        x_t = rnn.step_input(x)
+        h = rnn.memory(init=h0)
+        z = L.fc(x_t, N_HID, bias_attr=False, name="in") + L.fc(
+            rnn.previous_memory(h), N_HID, bias_attr=False, name="rec"
+        )
+        new = L.tanh(z)
+        rnn.update_memory(h, new)
+        rnn.output(new)
+    out = rnn()
+    loss = L.reduce_sum(out[0] if isinstance(out, list | tuple) else out)
+    nf.append_backward(loss)
+    scope, exe = nf.Scope(), nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    xs = rng.normal(size=(BATCH, STEPS, N_IN))
+    w_in, w_rec = (scope.find_var(n).get(nf.Tensor).numpy().copy() for n in ("in.w", "rec.w"))
+    (got,) = exe.run(feed={"x": xs}, fetch_list=["rec.w@GRAD"], scope=scope)
+    assert ((N_HID, N_HID), True) in layouts
+
+    def total(w_rec_value):
+        h = np.zeros((BATCH, N_HID))
+        value = 0.0
+        for t in range(STEPS):
+            h = np.tanh(xs[:, t] @ w_in + h @ w_rec_value)
+            value += h.sum()
+        return value
+
+    want, eps = np.zeros_like(w_rec), 1e-6
+    for i in np.ndindex(*w_rec.shape):
+        up, down = w_rec.copy(), w_rec.copy()
+        up[i] += eps
+        down[i] -= eps
+        want[i] = (total(up) - total(down)) / (2 * eps)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)

@@ -175,7 +175,7 @@ class _TwoRanks:
     def __init__(self, other: np.ndarray):
         self.other = other
         self.sent: list[np.ndarray] = []
-        self.buffers = {}
+        self.buffers, self.pooled_bytes = {}, 0
 
     def checked(self):
         return self
@@ -244,7 +244,8 @@ def _address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
 
 
-def test_a_bucket_buffer_is_reused_only_once_nothing_refers_to_it():
+def test_a_bucket_buffer_is_reused_only_once_nothing_refers_to_it(monkeypatch):
+    monkeypatch.setattr(collective, "BUCKET_POOL_BYTES", 4 * 8 * 4)  # four buffers of 8 floats
     world, float32 = collective.Communicator(), np.dtype(np.float32)
     first = world.bucket_buffer(8, float32)
     address, view = _address(first), first[2:5]
@@ -253,10 +254,32 @@ def test_a_bucket_buffer_is_reused_only_once_nothing_refers_to_it():
     assert _address(second) != address and not np.shares_memory(second, view)
     del view
     assert _address(world.bucket_buffer(8, float32)) == address  # free again: reused
-    assert _address(world.bucket_buffer(8, np.dtype(np.float64))) != address
-    held = [world.bucket_buffer(8, float32) for _ in range(2 * collective.BUCKET_BUFFERS_KEPT)]
+    assert _address(world.bucket_buffer(8, np.dtype(np.float64))) != address  # 64 bytes kept
+    held = [world.bucket_buffer(8, float32) for _ in range(6)]
     assert len({_address(b) for b in held}) == len(held)
-    assert len(world.buffers[(8, float32)]) == collective.BUCKET_BUFFERS_KEPT
+    # 2 float32 buffers and the float64 one fill the 128 bytes: the rest were not kept
+    assert len(world.buffers[(8, float32)]) == 2 and world.pooled_bytes == 128
+
+
+def test_a_buffer_being_summed_is_not_handed_out_even_if_its_handle_was_dropped():
+    """MPI's request holds no Python reference to its buffer: the communicator keeps it with
+    the request until the sum is done."""
+
+    class Pending:
+        done = False
+
+        def Test(self):
+            return self.done
+
+    world, float32 = collective.Communicator(), np.dtype(np.float32)
+    first = world.bucket_buffer(8, float32)
+    address, request = _address(first), Pending()
+    world.inflight.append((request, first))
+    del first  # say, the start op's handle lost to an exception before its wait
+    assert _address(world.bucket_buffer(8, float32)) != address
+    request.done = True
+    world.forget_finished()  # what the next start does first
+    assert _address(world.bucket_buffer(8, float32)) == address
 
 
 def test_averaged_gradients_still_held_are_not_overwritten_by_the_next_step(monkeypatch):

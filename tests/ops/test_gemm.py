@@ -91,5 +91,35 @@ def test_long_axes_are_summed_in_pieces_except_with_openblas_avx512_kernels(monk
 
 def test_the_blas_kernels_are_asked_once(monkeypatch):
     monkeypatch.setattr(gemm, "_blas_kernels", [])
-    first = gemm.long_axes_in_pieces()
-    assert len(gemm._blas_kernels) == 1 and gemm.long_axes_in_pieces() is first
+    asked = []
+    monkeypatch.setattr(gemm, "_numpy_openblas_kernels", lambda: asked.append(1) or "skylakex")
+    assert gemm.long_axes_in_pieces() is False and gemm.long_axes_in_pieces() is False
+    assert asked == [1]
+
+
+def test_the_probe_reads_numpys_openblas_and_survives_a_failing_threadpoolctl(monkeypatch):
+    import threadpoolctl
+
+    infos = [
+        {
+            "internal_api": "openblas",
+            "filepath": "/x/torch/lib/libopenblas.so",
+            "architecture": "Haswell",
+        },
+        {
+            "internal_api": "openblas",
+            "filepath": "/x/numpy.libs/libscipy_openblas.so",
+            "architecture": "SkylakeX",
+        },
+        {"internal_api": "mkl", "filepath": "/x/libmkl_rt.so"},
+    ]
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: infos)
+    assert gemm._numpy_openblas_kernels() == "skylakex"
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: infos[2:])
+    assert gemm._numpy_openblas_kernels() == ""  # not OpenBLAS: the pieces, as before
+
+    def broken():
+        raise RuntimeError("no /proc")
+
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", broken)
+    assert gemm._numpy_openblas_kernels() == ""
