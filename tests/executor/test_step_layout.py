@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 import nestflow as nf
-from nestflow.ops.registry import get_op_def
+from nestflow.executor.executor import StepRunner
+from nestflow.ops import register_op
+from nestflow.ops.registry import _REGISTRY, get_op_def
 
 L = nf.layers
 STEPS, BATCH, N_IN, N_HID = 5, 3, 4, 6
@@ -155,3 +157,61 @@ def test_an_fc_weight_in_the_step_is_laid_out_for_mul_grad(rng, monkeypatch):
         down[i] -= eps
         want[i] = (total(up) - total(down)) / (2 * eps)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+
+
+class TouchStepScopesOp:
+    """Test-only: looks up `name` in every step scope it is given by name, which turns the
+    scopes' held values into Variables (the gradient op then runs those steps by name)."""
+
+    type = "test_touch_step_scopes"
+    inputs, outputs = ("Scopes",), ("Out",)
+    attrs = {"name": ""}
+
+    def run(ctx):
+        for scope in ctx.input("Scopes"):
+            assert scope.find_local_var(ctx.attrs["name"]) is not None
+        ctx.set_output("Out", np.zeros(1))
+
+
+@pytest.fixture
+def touch_op():
+    register_op(TouchStepScopesOp)
+    yield
+    _REGISTRY.pop(TouchStepScopesOp.type)
+
+
+def test_steps_run_by_name_get_the_laid_out_parameter_too(rng, monkeypatch, touch_op):
+    grad_def = get_op_def("matmul_grad")
+    kernel, layouts = grad_def.forward, []
+
+    def spy(X, Y, *args, **kwargs):
+        layouts.append((Y.flags.c_contiguous, Y.flags.f_contiguous))
+        return kernel(X, Y, *args, **kwargs)
+
+    monkeypatch.setattr(grad_def, "forward", spy)
+    loss = _tanh_rnn(False)
+    block = nf.default_main_program().global_block()
+    index = next(i for i, op in enumerate(block.ops) if op.type == "recurrent")
+    step_value = block.ops[index].attrs["sub_block"].ops[-1].output_names()[0]
+    block.create_var("touched", [1], "float64")
+    block.insert_op(
+        index + 1,
+        TouchStepScopesOp.type,
+        {"Scopes": [block.ops[index].output("StepScopes")[0]]},
+        {"Out": ["touched"]},
+        {"name": step_value},
+    )
+    by_name = []
+    run = StepRunner.run
+    monkeypatch.setattr(StepRunner, "run", lambda self, *a: by_name.append(1) or run(self, *a))
+    scope, exe = nf.Scope(), nf.Executor()
+    exe.run(nf.default_startup_program(), scope=scope)
+    xs = rng.normal(size=(BATCH, STEPS, N_IN))
+    wx0, wh0 = (scope.find_var(n).get(nf.Tensor).numpy().copy() for n in ("wx", "wh"))
+    exe.run(feed={"x": xs}, fetch_list=[loss], scope=scope)
+
+    assert len(by_name) == STEPS and set(layouts) == {(False, True)}
+    want_wx, want_wh = _numpy_steps(xs, wx0, wh0, 1, False)
+    for name, want in (("wx", want_wx), ("wh", want_wh)):
+        got = scope.find_var(name).get(nf.Tensor).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
