@@ -67,7 +67,7 @@ def test_an_executor_makes_freed_arrays_reuse_their_pages():
     untuned = _child(NESTFLOW_KEEP_FREED_MEMORY="0")
     assert untuned["tuned"] is False
     if not _transparent_huge_pages_always():  # with huge pages a fault maps 512 pages
-        assert untuned["faults"] > 2000
+        assert untuned["faults"] > 1000  # 5,098 of 10,240 on glibc 2.36
 
 
 @pytest.mark.parametrize(
