@@ -27,6 +27,7 @@ MALLOC_TOP_PAD_, or those settings in GLIBC_TUNABLES), or when the C library is 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -43,19 +44,11 @@ _GLIBC_TUNABLES = (
     "glibc.malloc.top_pad",
 )
 
-_state: dict[str, bool] = {}
 
-
+@functools.cache
 def keep_freed_memory() -> bool:
     """Tune glibc's malloc as the module docstring says, once per process; whether it is
     tuned (False where it is left alone)."""
-    done = _state.get("tuned")
-    if done is None:
-        done = _state["tuned"] = _tune()
-    return done
-
-
-def _tune() -> bool:
     if os.environ.get("NESTFLOW_KEEP_FREED_MEMORY", "1").strip() == "0":
         return False
     if any(name in os.environ for name in _GLIBC_VARIABLES) or not sys.platform.startswith("linux"):

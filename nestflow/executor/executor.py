@@ -372,11 +372,12 @@ class StepRunner:
             env = frame.env
             for i, slot in self.bound:
                 env[slot] = values[i]
-            remembered = self.remembered
+            remembered, laying_out = self.remembered, self._transposed is not None
             for slot, name in self.free:
                 if env[slot] is None:
                     value = _lookup(frame, self.parent, name, remembered)
-                    if remembered.get(name, remembered) is value:  # from beyond the steps
+                    # only a value from beyond the steps is the same at every step
+                    if laying_out and remembered.get(name, remembered) is value:
                         value = self._laid_out(name, value)
                     env[slot] = value
         else:

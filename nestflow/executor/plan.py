@@ -414,9 +414,11 @@ def _owned(value: Any) -> bool:
     may overwrite it. The counts to expect come from `_held_once_counts`, which reads them the
     same way (in CPython 3.11: the env slot, this call's argument and getrefcount's own; for a
     view's base: the view's, the local `base` and getrefcount's)."""
-    if getrefcount(value) != _HELD_ONCE or type(value) is not np.ndarray:
-        return False
-    if not value.flags.writeable:
+    if (
+        getrefcount(value) != _HELD_ONCE
+        or type(value) is not np.ndarray
+        or not value.flags.writeable
+    ):
         return False
     base = value.base
     return base is None or (type(base) is np.ndarray and getrefcount(base) == _BASE_HELD_ONCE)
