@@ -12,6 +12,11 @@ a chunk lasts as long as its slowest rank) and reports the median chunk. The tab
 medians over the rounds and the load average of the machine while it ran: with other work on
 the 2 cores the 2-rank figures are unreliable (the bench notes it).
 
+The PyTorch column is the reference for W1: the same MLP, batch and SGD in torch eager, one
+process, and 2 processes under DistributedDataParallel over gloo (torch's CPU backend; its
+wheel has no MPI backend) with DDP's defaults, 1 thread each, timed the same way in the same
+rounds.
+
     python bench/w12_distributed.py            # what make bench runs
     python bench/w12_distributed.py --worker w1 --steps 40   # one process (or rank) alone
 """
@@ -33,6 +38,8 @@ from timing import row, unavailable
 ROUNDS = 3
 CHUNKS = 5
 TARGET_SPEEDUP = 1.7  # W1 at 2 ranks over 1 rank
+# The workloads also timed in PyTorch (its DistributedDataParallel on 2 processes).
+TORCH_WORKLOADS = ("w1",)
 WORKLOADS = {
     "w1": ("W1 MLP 784-512-512-10, batch 128 per rank, SGD", 40),
     "w3": ("W3 tanh RNN T=32, batch 32 per rank, 64->128, SGD", 40),
@@ -120,6 +127,113 @@ def worker(kind: str, steps: int, distributed: bool) -> dict:
     return figures if rank == 0 else {}
 
 
+def torch_worker(steps: int) -> dict:
+    """W1 in PyTorch, the reference: one process, or (WORLD_SIZE > 1, set by _run_torch) one
+    rank of a DistributedDataParallel job over gloo, torch's CPU backend, with DDP's defaults
+    (25 MB buckets); timed as `worker` times nestflow. Returns rank 0's figures."""
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import w1_mlp as w
+
+    torch.set_num_threads(1)
+    size, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    wrap = None
+    if size > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=size)
+        wrap = torch.nn.parallel.DistributedDataParallel
+    xs, ys = w.batch(seed=rank)
+    step = w.make_torch_step(xs, ys, w.initial_params(), torch, wrap)
+    for _ in range(3):
+        step()
+    throughputs = []
+    for _ in range(CHUNKS):
+        if size > 1:
+            dist.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        if size > 1:
+            dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        throughputs.append(size * w.BATCH * steps / float(seconds))
+    if size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    figures = {"ranks": size, "samples_per_s": statistics.median(throughputs)}
+    return figures if rank == 0 else {}
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def _torch_or_why(steps: int, ranks: int) -> dict | str:
+    """PyTorch's figures, or why there are none (no torch, a failed gloo job): the nestflow
+    rows never depend on the reference."""
+    if _torch() is None:
+        return unavailable(ImportError("torch is not installed"))
+    try:
+        return _run_torch(steps, ranks)
+    except Exception as exc:
+        return unavailable(exc)
+
+
+def _median_or_why(found: list[dict | str]) -> float | str:
+    numbers = [f["samples_per_s"] for f in found if isinstance(f, dict)]
+    if len(numbers) == len(found) and numbers:
+        return statistics.median(numbers)
+    return next((f for f in found if isinstance(f, str)), "–")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _run_torch(steps: int, ranks: int) -> dict:
+    """PyTorch's W1 on `ranks` fresh processes (a DDP job over loopback when 2); rank 0's
+    figures."""
+    here = str(Path(__file__).resolve())
+    cmd = [sys.executable, here, "--torch-worker", "--steps", str(steps)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    if ranks > 1:
+        env.update(
+            WORLD_SIZE=str(ranks),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+            GLOO_SOCKET_IFNAME="lo",
+        )
+    jobs = [
+        subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(env, RANK=str(rank)),
+        )
+        for rank in range(ranks)
+    ]
+    found = None
+    for job in jobs:
+        out, err = job.communicate(timeout=600)
+        lines = [line for line in out.splitlines() if line.startswith("W12 ")]
+        if job.returncode != 0:
+            raise RuntimeError((err or out).strip().splitlines()[-1])
+        found = found or (json.loads(lines[-1][4:]) if lines else None)
+    if found is None:
+        raise RuntimeError("the PyTorch job printed no figures")
+    return found
+
+
 def _run_process(kind: str, steps: int, ranks: int) -> dict:
     """One configuration in fresh processes; rank 0's figures."""
     here = str(Path(__file__).resolve())
@@ -163,6 +277,7 @@ def _run_pair(kind: str, steps: int) -> float:
 def run(rounds: int = ROUNDS) -> dict:
     rows, notes, cpu = [], [], []
     loads = [os.getloadavg()[0]]
+    torch_found: dict[int, list[dict | str]] = {1: [], 2: []}
     for kind, (title, steps) in WORKLOADS.items():
         try:
             found = {1: [], 2: []}
@@ -170,6 +285,8 @@ def run(rounds: int = ROUNDS) -> dict:
             for _ in range(rounds):
                 for ranks in (1, 2):
                     found[ranks].append(_run_process(kind, steps, ranks))
+                    if kind in TORCH_WORKLOADS:
+                        torch_found[ranks].append(_torch_or_why(steps, ranks))
                 pairs.append(_run_pair(kind, steps))
                 loads.append(os.getloadavg()[0])
         except Exception as exc:  # no MPI, or a failed job: say so, never a made-up number
@@ -185,14 +302,36 @@ def run(rounds: int = ROUNDS) -> dict:
             "with 2"
         )
         name = kind.upper()
+        torch_one, torch_two, torch_ratio = "–", "–", "–"
+        if kind in TORCH_WORKLOADS:
+            torch_one, torch_two = (_median_or_why(torch_found[r]) for r in (1, 2))
+            if isinstance(torch_one, float) and isinstance(torch_two, float):
+                torch_ratio = torch_one / torch_two
+                notes.append(
+                    f"PyTorch {_torch().__version__} reference for "
+                    f"{name}: DistributedDataParallel over gloo (its CPU backend, loopback), "
+                    f"25 MB buckets, 1 thread per process: 2 processes reach "
+                    f"{torch_two / torch_one:.2f}x one process"
+                )
         rows += [
-            row(f"{name} throughput, 1 rank (one process, plain SGD)", "samples/s", one),
-            row(f"{name} throughput, 2 ranks (DistributedOptimizer)", "samples/s", two),
+            row(
+                f"{name} throughput, 1 rank (one process, plain SGD)",
+                "samples/s",
+                one,
+                torch=torch_one,
+            ),
+            row(
+                f"{name} throughput, 2 ranks (DistributedOptimizer; PyTorch: DDP over gloo)",
+                "samples/s",
+                two,
+                torch=torch_two,
+            ),
             row(
                 f"{name} time per sample, 2 ranks / 1 rank (1 / speed-up {two / one:.2f}x; "
                 f"scaling efficiency {two / (2 * one):.0%})",
                 "x",
                 one / two,
+                torch=torch_ratio,
                 targets=[("abs", round(1 / TARGET_SPEEDUP, 3))] if kind == "w1" else None,
             ),
             row(f"{name} share of the 2-rank step waiting in all-reduce", "%", 100 * wait),
@@ -224,8 +363,17 @@ def main() -> None:
     parser.add_argument("--worker", choices=sorted(WORKLOADS))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--distributed", action="store_true")
+    parser.add_argument("--torch-worker", action="store_true")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     args = parser.parse_args()
+    if args.torch_worker:
+        figures = torch_worker(args.steps)
+        if figures:
+            print("W12 " + json.dumps(figures), flush=True)
+        # gloo's threads can abort the interpreter's shutdown ("terminate called without an
+        # active exception") after the figures are out: leave without it.
+        sys.stderr.flush()
+        os._exit(0)
     if args.worker:
         figures = worker(args.worker, args.steps, args.distributed)
         if figures:

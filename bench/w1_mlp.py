@@ -108,7 +108,9 @@ def make_numpy_step(xs, ys, params: Params) -> Callable[[], float]:
     return step
 
 
-def make_torch_step(xs, ys, params: Params, torch) -> Callable[[], float]:
+def make_torch_step(xs, ys, params: Params, torch, wrap=None) -> Callable[[], float]:
+    """The PyTorch train step; `wrap(model)` (say DistributedDataParallel) wraps the model the
+    step runs, its optimizer updating the same parameters."""
     layers = []
     for i, (n_in, n_out) in enumerate(zip(SIZES[:-1], SIZES[1:]), start=1):
         linear = torch.nn.Linear(n_in, n_out)
@@ -118,6 +120,8 @@ def make_torch_step(xs, ys, params: Params, torch) -> Callable[[], float]:
         layers += [linear, torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers[:-1])
     opt = torch.optim.SGD(model.parameters(), lr=LR)
+    if wrap is not None:
+        model = wrap(model)
     tx, ty = torch.from_numpy(xs), torch.from_numpy(ys[:, 0])
     cross_entropy = torch.nn.functional.cross_entropy
 
