@@ -47,6 +47,11 @@ OPEN_MPI_OPTIONS = (
     "--mca",
     "coll_libnbc_iallreduce_algorithm",
     "1",
+    # One-sided communication (the gradients' shared-memory windows) without UCX's component,
+    # which only prints an error where UCX has no device.
+    "--mca",
+    "osc",
+    "^ucx",
 )
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -126,7 +131,7 @@ def command(
         cmd += OPEN_MPI_OPTIONS
         if hostfile:
             cmd += ["--hostfile", hostfile]
-        for name in (*THREAD_VARIABLES, "NESTFLOW_TTY"):
+        for name in (*THREAD_VARIABLES, "NESTFLOW_TTY", "NESTFLOW_ALLREDUCE"):
             if name in env:
                 cmd += ["-x", name]
     elif hostfile:

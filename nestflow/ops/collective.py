@@ -57,6 +57,9 @@ EXIT_GRACE_S = 5.0
 # The bytes of bucket buffers kept for reuse (over every size and dtype): a buffer made once
 # the pool holds this much is used once and dropped.
 BUCKET_POOL_BYTES = 512 << 20
+# Set to "mpi" to average gradients with MPI_Iallreduce even when every rank shares one node
+# (the default there is the shared-memory window sum, see NodeWindows).
+ALLREDUCE_ENV = "NESTFLOW_ALLREDUCE"
 
 
 def _unheld_count() -> int:
@@ -121,6 +124,8 @@ class Communicator:
         self.inflight: list[tuple[Any, np.ndarray]] = []
         self.buffers: dict[tuple[int, np.dtype], list[np.ndarray]] = {}
         self.pooled_bytes = 0
+        # the ranks' shared-memory windows when they all share one node (None: MPI's sum)
+        self.shared: NodeWindows | None = None
 
     @property
     def initialized(self) -> bool:
@@ -133,6 +138,7 @@ class Communicator:
             # Open MPI reads its settings when MPI starts (on importing mpi4py): the ring for
             # non-blocking all-reduce unless the user chose (see nestflow.cli.launch).
             os.environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1")
+            os.environ.setdefault("OMPI_MCA_osc", "^ucx")
             try:
                 from mpi4py import MPI
             except ImportError as exc:
@@ -145,6 +151,7 @@ class Communicator:
             self.comm = comm
             if self.size > 1:
                 atexit.register(self._announce_exit)
+                self.shared = NodeWindows.for_world(comm)
         return self
 
     def _announce_exit(self) -> None:
@@ -248,6 +255,38 @@ class Communicator:
         self.wait_ns += perf_counter_ns() - start
         self.calls["Wait"] += 1
 
+    def start_shared(self, window: BucketWindow) -> SharedSum:
+        """This rank's gradients are packed into `window`: let the other ranks know (one
+        Ibarrier; the wait completes it and sums)."""
+        window.tell_held()
+        window.sync()
+        self.calls["shared_allreduce"] += 1
+        self.calls["Ibarrier"] += 1
+        self.nbytes += window.send.nbytes
+        return SharedSum(window, self.comm.Ibarrier())
+
+    def finish_shared(self, pending: SharedSum, weighted: bool) -> np.ndarray:
+        """Once every rank packed: sum this rank's share of the window; once every share is
+        summed, the sum (averaged when `weighted`) is the window's sum array, the same memory
+        on every rank."""
+        window = pending.window
+        start = perf_counter_ns()
+        self._complete(pending.packed)
+        window.sync()
+        summed, lent = window.sum_share(weighted)
+        window.sync()
+        self.calls["Ibarrier"] += 1
+        self._complete(self.comm.Ibarrier())
+        window.sync()
+        if not lent:  # the scratch array: every rank takes a copy of its own
+            private = self.bucket_buffer(summed.size, summed.dtype)
+            private[...] = summed
+            summed = private
+        self.shared.release(window)
+        self.wait_ns += perf_counter_ns() - start
+        self.calls["Wait"] += 1
+        return summed
+
     def bcast(self, buffer: np.ndarray, root: int) -> None:
         self._count("Bcast", buffer)
         self._complete(self.comm.Ibcast(_as_bytes(buffer), root=root))
@@ -279,6 +318,158 @@ class Communicator:
             self.calls.clear()
             self.nbytes = self.wait_ns = 0
         return found
+
+
+class NodeWindows:
+    """Gradient averaging through MPI-3 shared memory when every rank runs on one node.
+
+    Each bucket gets MPI shared-memory windows (MPI_Win_allocate_shared on the node's
+    communicator). Every rank packs its gradients into its own part of the first; after an MPI
+    barrier rank r sums slice r of all the parts (NumPy, in rank order) into slice r of one
+    shared sum array, and after a second barrier every rank's averaged gradients are views of
+    that array: the same memory, so every rank has the same values to the bit. The memory is
+    MPI's and MPI's barriers order the accesses (with MPI_Win_sync around them); the gradients
+    move once, by loads and stores, instead of through the copies and system calls of the
+    message path (docs/distributed.md has the measurements).
+
+    A sum array still referenced on some rank (say, a fetched gradient) is not written again:
+    each rank tells which arrays it still holds next to its packed gradients, and all pick
+    the first one nobody holds, or make a new one together.
+
+    `for_world` returns None (MPI_Iallreduce averages) when the ranks span several nodes or
+    NESTFLOW_ALLREDUCE=mpi. Windows are kept per (size, dtype) and handed out in the order the
+    buckets start, the same on every rank, so a new window (a collective allocation) is made
+    on every rank at once."""
+
+    def __init__(self, node: Any):
+        self.node = node
+        self.free: dict[tuple[int, str], list[BucketWindow]] = {}
+
+    @classmethod
+    def for_world(cls, comm: Any) -> NodeWindows | None:
+        choice = os.environ.get(ALLREDUCE_ENV, "").strip().lower()
+        if choice not in ("", "shared", "mpi"):
+            raise AttrError(f"{ALLREDUCE_ENV}={choice!r}: use 'shared' or 'mpi'")
+        from mpi4py import MPI
+
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        # Every rank decides alike: whether each node holds the whole world, over the world.
+        together = np.array([node.Get_size() == comm.Get_size()], np.int32)
+        comm.Allreduce(MPI.IN_PLACE, together, op=MPI.MIN)
+        if choice == "mpi" or not together[0]:
+            node.Free()
+            return None
+        return cls(node)
+
+    def acquire(self, numel: int, dtype: np.dtype) -> BucketWindow:
+        pool = self.free.get((numel, dtype.str))
+        return pool.pop() if pool else BucketWindow(self.node, numel, dtype)
+
+    def release(self, window: BucketWindow) -> None:
+        self.free.setdefault((window.numel, window.dtype.str), []).append(window)
+
+
+# The most sum arrays one bucket keeps (held ones are told apart by the bits of one number).
+MAX_SUM_ARRAYS = 16
+
+
+class BucketWindow:
+    """One bucket's shared memory: on every rank `send` (its packed gradients, `numel`
+    numbers, followed by the bits of the sum arrays it still holds) and the sum arrays (each
+    in one window whose memory rank 0 allocates and every rank maps whole)."""
+
+    def __init__(self, node: Any, numel: int, dtype: np.dtype):
+        from mpi4py import MPI
+
+        self.MPI, self.node = MPI, node
+        self.numel, self.dtype = numel, dtype
+        self.rank, size = node.Get_rank(), node.Get_size()
+        self.slice = -(-numel // size)
+        self.windows = [self._window((numel + 1) * dtype.itemsize)]
+        self.sends = [
+            np.frombuffer(self.windows[0].Shared_query(r)[0], dtype, numel + 1) for r in range(size)
+        ]
+        self.send = self.sends[self.rank][:numel]
+        self.sums: list[np.ndarray] = []
+        self.scratch: np.ndarray | None = None
+
+    def _window(self, nbytes: int) -> Any:
+        win = self.MPI.Win.Allocate_shared(nbytes, self.dtype.itemsize, comm=self.node)
+        win.Lock_all(self.MPI.MODE_NOCHECK)  # a passive epoch for Win_sync, held for good
+        return win
+
+    def sync(self) -> None:
+        """Make this rank's stores visible to the others and theirs to it (MPI_Win_sync),
+        around a barrier."""
+        for win in self.windows:
+            win.Sync()
+
+    def tell_held(self) -> None:
+        """Write, after the packed gradients, which sum arrays this rank still refers to."""
+        held = 0
+        index = 0
+        for array in self.sums:
+            if getrefcount(array) != _UNHELD:
+                held |= 1 << index
+            index += 1
+        self.sends[self.rank][self.numel] = held
+
+    def _free_sum(self) -> tuple[np.ndarray, bool]:
+        """The sum array no rank holds (the same on every rank: all read every rank's bits),
+        made now on every rank if there is none, and whether the ranks may keep views of it:
+        once MAX_SUM_ARRAYS are held, the sum goes to a scratch array every rank copies out
+        of."""
+        held = 0
+        for send in self.sends:
+            held |= int(send[self.numel])
+        for index in range(len(self.sums)):
+            if not held >> index & 1:
+                return self.sums[index], True
+        if len(self.sums) < MAX_SUM_ARRAYS:
+            self.sums.append(self._sum_array())
+            return self.sums[-1], True
+        if self.scratch is None:
+            self.scratch = self._sum_array()
+        return self.scratch, False
+
+    def _sum_array(self) -> np.ndarray:
+        """A new sum array: its memory allocated by rank 0, mapped by every rank (a
+        collective call)."""
+        size = len(self.sends)
+        win = self._window(size * self.slice * self.dtype.itemsize if self.rank == 0 else 0)
+        self.windows.append(win)
+        return np.frombuffer(win.Shared_query(0)[0], self.dtype, size * self.slice)
+
+    def sum_share(self, weighted: bool) -> tuple[np.ndarray, bool]:
+        """Sum this rank's slice of every rank's gradients into the free sum array (divided by
+        the summed weights, the last number, when weighted); returns that array's first
+        `numel` numbers and whether views of it may be handed out (see _free_sum)."""
+        total, lent = self._free_sum()
+        low = min(self.numel, self.rank * self.slice)
+        high = min(self.numel, low + self.slice)
+        share = total[low:high]
+        np.add(self.sends[0][low:high], self.sends[1][low:high], out=share)
+        for send in self.sends[2:]:
+            np.add(share, send[low:high], out=share)
+        if weighted:
+            # every rank reads the summed weights from the packed parts, not from a share
+            weight = self.sends[0][self.numel - 1]
+            for send in self.sends[1:]:
+                weight = weight + send[self.numel - 1]
+            end = min(high, self.numel - 1)
+            if weight != 0:
+                share[: max(0, end - low)] /= weight
+            else:  # no rank had a sample: no step
+                share[: max(0, end - low)] = 0
+        return total[: self.numel], lent
+
+
+@dataclass
+class SharedSum:
+    """A shared-window sum under way: the window and the barrier saying every rank packed."""
+
+    window: BucketWindow
+    packed: Any
 
 
 def _as_bytes(array: np.ndarray) -> np.ndarray:
@@ -492,7 +683,8 @@ class PendingAverage:
     """A bucket of gradients being summed over the ranks: what c_allreduce_start hands to
     c_allreduce_wait (the value of a RAW variable). `buffer` holds the flattened gradients in
     the wire dtype, divided by the number of ranks (so that the sum is the mean), or when
-    weighted times the rank's weight and followed by the weight itself."""
+    weighted times the rank's weight and followed by the weight itself; `request` is the MPI
+    request of their sum, or a SharedSum when the ranks sum in a shared-memory window."""
 
     __slots__ = ("world", "buffer", "request", "shapes", "dtype", "weighted")
 
@@ -511,6 +703,9 @@ class PendingAverage:
     def wait(self, X: list[np.ndarray | None]) -> list[np.ndarray]:
         if self.request is None:  # alone: the average over one rank is X itself
             return [x if x is not None else np.zeros(s, self.dtype) for x, s in zip(X, self.shapes)]
+        if isinstance(self.request, SharedSum):  # averaged in shared memory already
+            summed = self.world.finish_shared(self.request, self.weighted)
+            return self._views(summed[:-1] if self.weighted else summed)
         self.world.wait(self.request)
         buffer = self.buffer
         if self.weighted:
@@ -522,6 +717,9 @@ class PendingAverage:
                 values[...] = 0
         else:  # each rank sent X / size: the sum is the mean
             values = buffer
+        return self._views(values)
+
+    def _views(self, values: np.ndarray) -> list[np.ndarray]:
         out, offset = [], 0
         for shape in self.shapes:
             size = int(np.prod(shape, dtype=np.int64))
@@ -619,7 +817,9 @@ def _start_average(X, Param, Weight) -> PendingAverage:
         weight = float(values[0])
     sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
     wire = _wire_dtype(np.dtype(dtype))
-    buffer = world.bucket_buffer(sum(sizes) + (weight is not None), wire)
+    numel = sum(sizes) + (weight is not None)
+    window = world.shared.acquire(numel, wire) if world.shared is not None else None
+    buffer = window.send if window is not None else world.bucket_buffer(numel, wire)
     # Scaled while packed (one pass over the gradients): by the weight, else by 1 / size so
     # that the sum is the mean (exact for power-of-two sizes).
     scale = weight if weight is not None else 1.0 / world.size
@@ -633,7 +833,10 @@ def _start_average(X, Param, Weight) -> PendingAverage:
         offset += size
     if weight is not None:
         buffer[-1] = weight
-    request = world.start_allreduce(buffer)
+    if window is not None:
+        request = world.start_shared(window)
+    else:
+        request = world.start_allreduce(buffer)
     return PendingAverage(world, buffer, request, shapes, dtype, weight is not None)
 
 

@@ -43,8 +43,15 @@ class Job:
     seconds: float
 
 
-def mpi_job(ranks: int, args: list[str], launcher: bool = True, timeout: float = 120) -> Job:
-    """Run the worker with `args` on `ranks` ranks; returns its exit status and output."""
+def mpi_job(
+    ranks: int,
+    args: list[str],
+    launcher: bool = True,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+) -> Job:
+    """Run the worker with `args` on `ranks` ranks (with `env` added to the environment);
+    returns its exit status and output."""
     target = [str(WORKER), *args]
     if launcher:
         cmd = [sys.executable, "-m", "nestflow", "launch", "-n", str(ranks), *target]
@@ -55,7 +62,7 @@ def mpi_job(ranks: int, args: list[str], launcher: bool = True, timeout: float =
             cmd += ["--allow-run-as-root"] if os.geteuid() == 0 else []
             cmd += list(launch.OPEN_MPI_OPTIONS)
         cmd += [sys.executable, *target]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     start = time.perf_counter()
     done = subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=WORKER.parent

@@ -16,8 +16,10 @@ from tests.distributed.jobs import mpi_job, needs_mpi
 
 pytestmark = needs_mpi
 
-# Communication calls (everything but Wait and Barrier) the collective ops make.
-COMMUNICATION = ("Allreduce", "Iallreduce", "Bcast", "Allgather", "Allgatherv")
+# Communication calls (everything but Wait and the barriers) the collective ops make; a
+# shared-memory sum (all ranks on one node) counts as "shared_allreduce".
+COMMUNICATION = ("Allreduce", "Iallreduce", "shared_allreduce", "Bcast", "Allgather", "Allgatherv")
+MPI_PATH = {"NESTFLOW_ALLREDUCE": "mpi"}
 
 
 def _arrays(path) -> dict[str, np.ndarray]:
@@ -51,6 +53,15 @@ def two_ranks(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def two_ranks_mpi(tmp_path_factory):
+    """The same through MPI_Iallreduce (NESTFLOW_ALLREDUCE=mpi) instead of shared memory."""
+    out = tmp_path_factory.mktemp("two_ranks_mpi")
+    job = mpi_job(2, [str(out), "train", "--sizes", "4,4"], env=MPI_PATH)
+    assert job.returncode == 0, job.output
+    return out
+
+
+@pytest.fixture(scope="module")
 def three_uneven_ranks(tmp_path_factory):
     """The same with 3 ranks of 5, 3 and 2 rows, weighted by batch size, via plain mpiexec."""
     out = tmp_path_factory.mktemp("three_ranks")
@@ -70,17 +81,53 @@ def test_three_uneven_ranks_equal_one_process_when_weighted_by_batch_size(three_
     _check_equal_to_one_process(three_uneven_ranks, 3, 10)
 
 
+def test_through_mpi_iallreduce_two_ranks_equal_one_process_and_the_shared_sum(
+    two_ranks, two_ranks_mpi
+):
+    """The message path trains as one process does, and (2 ranks: one addition per number,
+    the same either way) to the bit as the shared-memory sum."""
+    _check_equal_to_one_process(two_ranks_mpi, 2, 8)
+    for model in models.MODELS:
+        for rank in range(2):
+            shared = _arrays(two_ranks / f"{model}_rank{rank}.npz")
+            message = _arrays(two_ranks_mpi / f"{model}_rank{rank}.npz")
+            for name, value in shared.items():
+                np.testing.assert_array_equal(message[name], value, err_msg=f"{model} {name}")
+
+
+@pytest.mark.parametrize("path", ["shared_allreduce", "Iallreduce"])
 @pytest.mark.parametrize("model", models.MODELS)
-def test_one_mpi_call_per_bucket_and_step(two_ranks, model):
+def test_one_mpi_call_per_bucket_and_step(two_ranks, two_ranks_mpi, model, path):
+    out = two_ranks if path == "shared_allreduce" else two_ranks_mpi
     for rank in range(2):
-        info = json.loads((two_ranks / f"{model}_calls_rank{rank}.json").read_text())
+        info = json.loads((out / f"{model}_calls_rank{rank}.json").read_text())
         buckets = info["buckets"]
         assert buckets >= 2  # the tiny bucket size splits every model's gradients
         assert len(info["calls"]) == models.STEPS
         for calls in info["calls"]:
             sent = sum(calls.get(kind, 0) for kind in COMMUNICATION)
-            assert sent == calls["Iallreduce"] == buckets, calls
+            assert sent == calls[path] == buckets, calls
             assert calls["Wait"] == buckets
+            if path == "shared_allreduce":  # one barrier when packed, one when summed
+                assert calls["Ibarrier"] == 2 * buckets, calls
+
+
+def test_gradients_kept_across_steps_are_not_overwritten(tmp_path):
+    """Every bucket's averaged gradient fetched without a copy and kept for all 20 steps
+    (more than the shared sum arrays a bucket keeps, so the last steps copy out of a scratch
+    array): each stays as fetched, and training is the same as through MPI_Iallreduce."""
+    shared, message = tmp_path / "shared", tmp_path / "mpi"
+    for out, env in ((shared, None), (message, MPI_PATH)):
+        out.mkdir()
+        job = mpi_job(2, [str(out), "held"], env=env)
+        assert job.returncode == 0, job.output
+    for rank in range(2):
+        info = json.loads((shared / f"held_rank{rank}.json").read_text())
+        assert info["unchanged"] and info["kept"] >= 2 * models.STEPS
+        assert json.loads((message / f"held_rank{rank}.json").read_text())["unchanged"]
+        got = _arrays(shared / f"held_rank{rank}.npz")
+        for name, value in _arrays(message / f"held_rank{rank}.npz").items():
+            np.testing.assert_array_equal(got[name], value)
 
 
 def test_an_all_reduce_is_under_way_before_backward_finishes_at_run_time(two_ranks):

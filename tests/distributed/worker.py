@@ -6,6 +6,8 @@ Cases:
   batch (--sizes: rows per rank; --weighted: DistributedOptimizer(batch_var=...)); writes
   the initial parameters (rank 0), each rank's final parameters, the MPI calls of each step
   and the bucket count, and a profiler trace of one step of the MLP.
+- held: trains the MLP fetching (return_numpy=False) and keeping a gradient of every bucket at
+  every step; writes the final parameters and whether every kept gradient stayed as fetched.
 - fail: trains the MLP; rank --rank fails in the middle of step 3 (a label out of range makes
   cross_entropy raise while the other ranks wait in the all-reduce).
 - uneven: rank --rank ends its program normally after 4 steps, the others go on.
@@ -77,6 +79,29 @@ def fail(failing_rank: int, uneven: bool = False) -> None:
             feed["y"] = feed["y"] + 100  # cross_entropy raises: a label outside the classes
         exe.run(built.main, feed=feed, fetch_list=[built.loss], scope=scope)
         print(f"rank {rank} finished step {step}", flush=True)
+
+
+def held(out: str) -> None:
+    """The MLP trained STEPS steps, fetching a gradient of every bucket each step with
+    return_numpy=False (the executor's own arrays, not copies) and keeping them all: each kept
+    value must still be what it was when fetched; writes the final parameters and whether
+    every kept value was unchanged."""
+    rank = nf.distributed.rank()
+    built = models.build("mlp", True)
+    exe, scope = nf.Executor(), nf.Scope()
+    exe.run(built.startup, scope=scope)
+    grads = [bucket.grads[0].name for bucket in built.optimizer.buckets]
+    kept = []
+    for step in range(models.STEPS):
+        feed = models.shard(built.batch(step, 8), [4, 4], rank)
+        fetched = exe.run(
+            built.main, feed=feed, fetch_list=[built.loss, *grads], scope=scope, return_numpy=False
+        )
+        kept += [(value, np.array(value, copy=True)) for value in fetched[1:]]
+    unchanged = all(np.array_equal(np.asarray(value), copy) for value, copy in kept)
+    _save(f"{out}/held_rank{rank}.npz", models.parameters(built, scope))
+    with open(f"{out}/held_rank{rank}.json", "w") as file:
+        json.dump({"kept": len(kept), "unchanged": unchanged}, file)
 
 
 def mismatch() -> None:
@@ -158,7 +183,9 @@ def _model_parameters(model: nf.Model) -> dict[str, np.ndarray]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("case", choices=("train", "fail", "uneven", "mismatch", "fit", "hello"))
+    parser.add_argument(
+        "case", choices=("train", "held", "fail", "uneven", "mismatch", "fit", "hello")
+    )
     parser.add_argument("--sizes", default="4,4")
     parser.add_argument("--weighted", action="store_true")
     parser.add_argument("--rank", type=int, default=1)
@@ -167,6 +194,8 @@ def main() -> None:
     nf.distributed.init()
     if args.case == "train":
         train(args.out, [int(s) for s in args.sizes.split(",")], args.weighted)
+    elif args.case == "held":
+        held(args.out)
     elif args.case in ("fail", "uneven"):
         fail(args.rank, uneven=args.case == "uneven")
     elif args.case == "mismatch":

@@ -169,6 +169,7 @@ class _TwoRanks:
     given, and the "all-reduce" adds it to ours."""
 
     size, rank, initialized = 2, 0, True
+    shared = None  # the message path (MPI_Iallreduce), not shared memory
 
     bucket_buffer = collective.Communicator.bucket_buffer
 
