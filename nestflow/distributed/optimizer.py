@@ -6,11 +6,12 @@ DistributedOptimizer with tensor fusion, Paddle fleet's collective transpiler):
 1. the backward ops (append_backward, through the wrapped optimizer);
 2. the gradients in buckets of at most `bucket_size_mb` (one dtype each), filled in the order
    backward finishes them (the last layer's first), and for each bucket a c_allreduce_start op
-   inserted right after the op that writes the bucket's last gradient: one non-blocking MPI sum
-   per bucket, running while backward goes on with the earlier layers (Open MPI moves the
-   data of a non-blocking collective inside MPI calls: the later buckets' starts test the
-   earlier ones, the waits finish them; what overlaps backward is mostly the time a rank
-   would otherwise spend waiting for a slower one);
+   inserted right after the op that writes the bucket's last gradient: one sum per bucket,
+   started while backward goes on with the earlier layers (in MPI-3 shared memory when every
+   rank runs on one node: the start packs and announces the rank's gradients, the wait sums;
+   else a non-blocking MPI_Iallreduce, whose data Open MPI moves inside MPI calls: the later
+   buckets' starts test the earlier ones, the waits finish them; what overlaps backward is
+   mostly the time a rank would otherwise spend waiting for a slower one);
 3. a c_allreduce_wait per bucket after the backward ops, replacing each gradient by its
    average over the ranks;
 4. the wrapped optimizer's clip, regularization and update ops, on the averaged gradients.

@@ -20,8 +20,10 @@ Fluid 1.8's ops, with its slots and attrs:
 
 nestflow's own, for data-parallel training (nf.distributed.DistributedOptimizer):
 - c_allreduce_start (X*, Param*, Weight? -> Out; ring_id): one bucket of gradients flattened
-  into one buffer and a non-blocking sum over the ranks started on it (one Iallreduce); Out is
-  the handle (a RAW variable).
+  into one buffer and a sum over the ranks started on it; Out is the handle (a RAW variable).
+  When every rank runs on one node the buffer is the rank's part of an MPI-3 shared-memory
+  window and the ranks sum it between two MPI barriers (NodeWindows); otherwise it is one
+  non-blocking MPI_Iallreduce.
 - c_allreduce_wait (Request, X* -> Out*; ring_id): waits for the sum; Out[i] = X[i] averaged
   over the ranks (weighted by Weight when the start op had one).
 - c_check_layout (-> Out; layout, ring_id): every rank's `layout` text (what its program
@@ -749,8 +751,9 @@ def _var_infos(op: OpDesc, slot: str) -> list[VarInfo | None]:
 @register_op
 class c_allreduce_start:
     """Start averaging one bucket of gradients over the ranks: X (tensors of one floating
-    dtype) flattened and concatenated into one buffer, and one non-blocking MPI sum
-    (Iallreduce) started on it; Out is the handle c_allreduce_wait waits on.
+    dtype) flattened and concatenated into one buffer, and one sum over the ranks started on
+    it (in shared memory when every rank runs on one node, else one non-blocking
+    MPI_Iallreduce; see NodeWindows); Out is the handle c_allreduce_wait waits on.
 
     Param (optional, one per X): the parameters X are the gradients of; a gradient that was not
     computed in this run (None) contributes zeros of its parameter's shape, so every rank sends
