@@ -77,6 +77,16 @@ def _unheld_count() -> int:
 _UNHELD = _unheld_count()
 
 
+def allreduce_choice() -> str:
+    """How gradients are averaged when every rank shares a node, from NESTFLOW_ALLREDUCE:
+    "shared" (the default: MPI-3 shared memory, NodeWindows) or "mpi" (MPI_Iallreduce);
+    AttrError for anything else."""
+    choice = os.environ.get(ALLREDUCE_ENV, "").strip().lower() or "shared"
+    if choice not in ("shared", "mpi"):
+        raise AttrError(f"{ALLREDUCE_ENV}={choice!r}: use 'shared' or 'mpi'")
+    return choice
+
+
 def _launcher_value(keys: tuple[str, ...], default: int) -> int:
     for key in keys:
         value = os.environ.get(key)
@@ -137,6 +147,7 @@ class Communicator:
         """Initialise MPI (once) and take a duplicate of COMM_WORLD, so nestflow's messages
         never mix with the program's own MPI traffic. Every rank must call it."""
         if self.comm is None:
+            choice = allreduce_choice()
             # Open MPI reads its settings when MPI starts (on importing mpi4py): the ring for
             # non-blocking all-reduce unless the user chose (see nestflow.cli.launch).
             os.environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1")
@@ -153,7 +164,7 @@ class Communicator:
             self.comm = comm
             if self.size > 1:
                 atexit.register(self._announce_exit)
-                self.shared = NodeWindows.for_world(comm)
+                self.shared = NodeWindows.for_world(self, choice)
         return self
 
     def _announce_exit(self) -> None:
@@ -281,6 +292,7 @@ class Communicator:
         self._complete(self.comm.Ibarrier())
         window.sync()
         if not lent:  # the scratch array: every rank takes a copy of its own
+            self.calls["shared_scratch"] += 1
             private = self.bucket_buffer(summed.size, summed.dtype)
             private[...] = summed
             summed = private
@@ -328,44 +340,46 @@ class NodeWindows:
     Each bucket gets MPI shared-memory windows (MPI_Win_allocate_shared on the node's
     communicator). Every rank packs its gradients into its own part of the first; after an MPI
     barrier rank r sums slice r of all the parts (NumPy, in rank order) into slice r of one
-    shared sum array, and after a second barrier every rank's averaged gradients are views of
-    that array: the same memory, so every rank has the same values to the bit. The memory is
+    shared sum array, and after a second barrier every rank's averaged gradients are read-only
+    views of that array: the same memory, so every rank has the same values to the bit
+    (float16 gradients are rounded from it into arrays of their own). The memory is
     MPI's and MPI's barriers order the accesses (with MPI_Win_sync around them); the gradients
     move once, by loads and stores, instead of through the copies and system calls of the
     message path (docs/distributed.md has the measurements).
 
     A sum array still referenced on some rank (say, a fetched gradient) is not written again:
     each rank tells which arrays it still holds next to its packed gradients, and all pick
-    the first one nobody holds, or make a new one together.
+    the first one nobody holds, or make a new one together (past MAX_SUM_ARRAYS, a scratch
+    array every rank copies out of).
 
     `for_world` returns None (MPI_Iallreduce averages) when the ranks span several nodes or
-    NESTFLOW_ALLREDUCE=mpi. Windows are kept per (size, dtype) and handed out in the order the
-    buckets start, the same on every rank, so a new window (a collective allocation) is made
-    on every rank at once."""
+    any rank has NESTFLOW_ALLREDUCE=mpi. Windows are kept per (size, dtype) and handed out in
+    the order the buckets start, the same on every rank, so a new window (a collective
+    allocation, after a barrier that notices a rank whose program ended) is made on every rank
+    at once. Windows live until the process ends, in the node's shared memory."""
 
-    def __init__(self, node: Any):
-        self.node = node
+    def __init__(self, world: Communicator, node: Any):
+        self.world, self.node = world, node
         self.free: dict[tuple[int, str], list[BucketWindow]] = {}
 
     @classmethod
-    def for_world(cls, comm: Any) -> NodeWindows | None:
-        choice = os.environ.get(ALLREDUCE_ENV, "").strip().lower()
-        if choice not in ("", "shared", "mpi"):
-            raise AttrError(f"{ALLREDUCE_ENV}={choice!r}: use 'shared' or 'mpi'")
+    def for_world(cls, world: Communicator, choice: str) -> NodeWindows | None:
+        """The node's windows, or None where MPI_Iallreduce averages (`choice` "mpi" on any
+        rank, or ranks on several nodes): every rank decides alike."""
         from mpi4py import MPI
 
+        comm = world.comm
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        # Every rank decides alike: whether each node holds the whole world, over the world.
-        together = np.array([node.Get_size() == comm.Get_size()], np.int32)
-        comm.Allreduce(MPI.IN_PLACE, together, op=MPI.MIN)
-        if choice == "mpi" or not together[0]:
+        shared = np.array([node.Get_size() == comm.Get_size() and choice == "shared"], np.int32)
+        comm.Allreduce(MPI.IN_PLACE, shared, op=MPI.MIN)
+        if not shared[0]:
             node.Free()
             return None
-        return cls(node)
+        return cls(world, node)
 
     def acquire(self, numel: int, dtype: np.dtype) -> BucketWindow:
         pool = self.free.get((numel, dtype.str))
-        return pool.pop() if pool else BucketWindow(self.node, numel, dtype)
+        return pool.pop() if pool else BucketWindow(self, numel, dtype)
 
     def release(self, window: BucketWindow) -> None:
         self.free.setdefault((window.numel, window.dtype.str), []).append(window)
@@ -380,12 +394,12 @@ class BucketWindow:
     numbers, followed by the bits of the sum arrays it still holds) and the sum arrays (each
     in one window whose memory rank 0 allocates and every rank maps whole)."""
 
-    def __init__(self, node: Any, numel: int, dtype: np.dtype):
+    def __init__(self, windows: NodeWindows, numel: int, dtype: np.dtype):
         from mpi4py import MPI
 
-        self.MPI, self.node = MPI, node
+        self.MPI, self.world, self.node = MPI, windows.world, windows.node
         self.numel, self.dtype = numel, dtype
-        self.rank, size = node.Get_rank(), node.Get_size()
+        self.rank, size = self.node.Get_rank(), self.node.Get_size()
         self.slice = -(-numel // size)
         self.windows = [self._window((numel + 1) * dtype.itemsize)]
         self.sends = [
@@ -396,6 +410,10 @@ class BucketWindow:
         self.scratch: np.ndarray | None = None
 
     def _window(self, nbytes: int) -> Any:
+        # Allocate_shared blocks until every rank calls it: meet in a barrier first, which
+        # notices a rank whose program ended (Communicator._complete) instead of waiting for it
+        # for ever.
+        self.world.barrier()
         win = self.MPI.Win.Allocate_shared(nbytes, self.dtype.itemsize, comm=self.node)
         win.Lock_all(self.MPI.MODE_NOCHECK)  # a passive epoch for Win_sync, held for good
         return win
@@ -706,8 +724,12 @@ class PendingAverage:
         if self.request is None:  # alone: the average over one rank is X itself
             return [x if x is not None else np.zeros(s, self.dtype) for x, s in zip(X, self.shapes)]
         if isinstance(self.request, SharedSum):  # averaged in shared memory already
-            summed = self.world.finish_shared(self.request, self.weighted)
-            return self._views(summed[:-1] if self.weighted else summed)
+            values = self.world.finish_shared(self.request, self.weighted)
+            values = (values[:-1] if self.weighted else values).view()
+            # Shared with the other ranks: no op may take it for its output (plan._owned),
+            # and a user's write into a fetched gradient fails instead of changing theirs.
+            values.flags.writeable = False
+            return self._views(values)
         self.world.wait(self.request)
         buffer = self.buffer
         if self.weighted:

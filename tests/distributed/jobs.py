@@ -6,6 +6,7 @@ thread per rank. Tests that need MPI skip, saying why, when mpi4py or mpiexec is
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,7 +65,21 @@ def mpi_job(
         cmd += [sys.executable, *target]
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     start = time.perf_counter()
-    done = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=WORKER.parent
+    # A session of its own, so that a job past its time is killed with every rank (killing
+    # mpiexec's parent alone would leave the ranks running).
+    job = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=WORKER.parent,
+        start_new_session=True,
     )
-    return Job(done.returncode, done.stdout + done.stderr, time.perf_counter() - start)
+    try:
+        out, err = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        out, err = job.communicate()
+        err += f"\n(killed after {timeout} s)"
+    return Job(job.returncode, out + err, time.perf_counter() - start)

@@ -79,6 +79,9 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batches(two_ranks):
 
 def test_three_uneven_ranks_equal_one_process_when_weighted_by_batch_size(three_uneven_ranks):
     _check_equal_to_one_process(three_uneven_ranks, 3, 10)
+    for model in models.MODELS:  # summed in shared memory (one node)
+        info = json.loads((three_uneven_ranks / f"{model}_calls_rank2.json").read_text())
+        assert all(c["shared_allreduce"] == info["buckets"] for c in info["calls"])
 
 
 def test_through_mpi_iallreduce_two_ranks_equal_one_process_and_the_shared_sum(
@@ -113,18 +116,23 @@ def test_one_mpi_call_per_bucket_and_step(two_ranks, two_ranks_mpi, model, path)
 
 
 def test_gradients_kept_across_steps_are_not_overwritten(tmp_path):
-    """Every bucket's averaged gradient fetched without a copy and kept for all 20 steps
-    (more than the shared sum arrays a bucket keeps, so the last steps copy out of a scratch
-    array): each stays as fetched, and training is the same as through MPI_Iallreduce."""
+    """Every bucket's averaged gradient fetched without a copy and kept by rank 0 alone for
+    all 20 steps (more than the shared sum arrays a bucket keeps, so the last steps copy out
+    of a scratch array): each stays as fetched, rank 1 (which keeps nothing) does not write
+    over them, and training is the same as through MPI_Iallreduce."""
     shared, message = tmp_path / "shared", tmp_path / "mpi"
     for out, env in ((shared, None), (message, MPI_PATH)):
         out.mkdir()
-        job = mpi_job(2, [str(out), "held"], env=env)
+        job = mpi_job(2, [str(out), "held", "--keep-on", "0"], env=env)
         assert job.returncode == 0, job.output
+    kept = [json.loads((shared / f"held_rank{rank}.json").read_text()) for rank in range(2)]
+    assert kept[0]["unchanged"] and kept[0]["kept"] >= 2 * models.STEPS
+    assert kept[1]["kept"] == 0
+    for info in kept:
+        assert info["calls"]["shared_allreduce"] >= 2 * models.STEPS
+        assert info["calls"]["shared_scratch"] > 0 and "Iallreduce" not in info["calls"]
+    assert json.loads((message / "held_rank0.json").read_text())["unchanged"]
     for rank in range(2):
-        info = json.loads((shared / f"held_rank{rank}.json").read_text())
-        assert info["unchanged"] and info["kept"] >= 2 * models.STEPS
-        assert json.loads((message / f"held_rank{rank}.json").read_text())["unchanged"]
         got = _arrays(shared / f"held_rank{rank}.npz")
         for name, value in _arrays(message / f"held_rank{rank}.npz").items():
             np.testing.assert_array_equal(got[name], value)
@@ -157,12 +165,16 @@ def test_a_rank_failing_mid_step_ends_the_whole_job_with_its_error():
     assert "rank 0 finished step 3" not in job.output
 
 
-def test_a_rank_ending_early_does_not_leave_the_others_waiting_for_ever():
-    """Rank 1's program ends normally after 4 steps while rank 0 goes on: rank 0's next
-    all-reduce learns that rank 1 is gone (its exit message) and fails, ending the job."""
-    job = mpi_job(2, ["unused", "uneven", "--rank", "1"], timeout=60)
+@pytest.mark.parametrize("until", [4, 0])
+def test_a_rank_ending_early_does_not_leave_the_others_waiting_for_ever(until):
+    """Rank 1's program ends normally after 4 steps (or before its first, while rank 0's first
+    step makes the shared-memory windows) while rank 0 goes on: rank 0's next collective
+    learns that rank 1 is gone (its exit message) and fails, ending the job."""
+    job = mpi_job(2, ["unused", "uneven", "--rank", "1", "--until", str(until)], timeout=60)
     assert job.returncode != 0 and job.seconds < 30, job.output
-    assert "rank 1 finished step 3" in job.output and "rank 1 finished step 4" not in job.output
+    if until:
+        assert f"rank 1 finished step {until - 1}" in job.output
+    assert f"rank 1 finished step {until}" not in job.output
     assert "rank 1 ended its program while rank 0 waits for it" in job.output
 
 

@@ -7,10 +7,11 @@ Cases:
   the initial parameters (rank 0), each rank's final parameters, the MPI calls of each step
   and the bucket count, and a profiler trace of one step of the MLP.
 - held: trains the MLP fetching (return_numpy=False) and keeping a gradient of every bucket at
-  every step; writes the final parameters and whether every kept gradient stayed as fetched.
+  every step (only on rank --keep-on, when given); writes the final parameters, whether every
+  kept gradient stayed as fetched, and the MPI calls.
 - fail: trains the MLP; rank --rank fails in the middle of step 3 (a label out of range makes
   cross_entropy raise while the other ranks wait in the all-reduce).
-- uneven: rank --rank ends its program normally after 4 steps, the others go on.
+- uneven: rank --rank ends its program normally after --until steps (4), the others go on.
 - mismatch: rank 1 builds the MLP with another hidden size; the startup program must fail.
 - fit: nf.Model.fit with a DistributedOptimizer and a ModelCheckpoint, then every rank loads
   the checkpoint rank 0 wrote; writes each rank's parameters, the loaded epoch, and the
@@ -67,12 +68,12 @@ def train(out: str, sizes: list[int], weighted: bool) -> None:
                 file.write(str(built.main))
 
 
-def fail(failing_rank: int, uneven: bool = False) -> None:
+def fail(failing_rank: int, uneven: bool = False, until: int = 4) -> None:
     rank = nf.distributed.rank()
     built = models.build("mlp", True)
     exe, scope = nf.Executor(), nf.Scope()
     exe.run(built.startup, scope=scope)
-    steps = 4 if uneven and rank == failing_rank else models.STEPS
+    steps = until if uneven and rank == failing_rank else models.STEPS
     for step in range(steps):
         feed = models.shard(built.batch(step, 8), [4] * nf.distributed.world_size(), rank)
         if step == 3 and rank == failing_rank and not uneven:
@@ -81,12 +82,14 @@ def fail(failing_rank: int, uneven: bool = False) -> None:
         print(f"rank {rank} finished step {step}", flush=True)
 
 
-def held(out: str) -> None:
+def held(out: str, keep_on: int | None) -> None:
     """The MLP trained STEPS steps, fetching a gradient of every bucket each step with
-    return_numpy=False (the executor's own arrays, not copies) and keeping them all: each kept
-    value must still be what it was when fetched; writes the final parameters and whether
-    every kept value was unchanged."""
+    return_numpy=False (the executor's own arrays, not copies) and keeping them (only on rank
+    `keep_on`, when given): each kept value must still be what it was when fetched; writes the
+    final parameters, how many values were kept and stayed unchanged, and the MPI calls."""
     rank = nf.distributed.rank()
+    keep = keep_on is None or keep_on == rank
+    nf.distributed.stats(reset=True)
     built = models.build("mlp", True)
     exe, scope = nf.Executor(), nf.Scope()
     exe.run(built.startup, scope=scope)
@@ -97,11 +100,13 @@ def held(out: str) -> None:
         fetched = exe.run(
             built.main, feed=feed, fetch_list=[built.loss, *grads], scope=scope, return_numpy=False
         )
-        kept += [(value, np.array(value, copy=True)) for value in fetched[1:]]
+        if keep:
+            kept += [(value, np.array(value, copy=True)) for value in fetched[1:]]
     unchanged = all(np.array_equal(np.asarray(value), copy) for value, copy in kept)
     _save(f"{out}/held_rank{rank}.npz", models.parameters(built, scope))
+    found = {"kept": len(kept), "unchanged": unchanged, "calls": nf.distributed.stats().calls}
     with open(f"{out}/held_rank{rank}.json", "w") as file:
-        json.dump({"kept": len(kept), "unchanged": unchanged}, file)
+        json.dump(found, file)
 
 
 def mismatch() -> None:
@@ -190,14 +195,16 @@ def main() -> None:
     parser.add_argument("--weighted", action="store_true")
     parser.add_argument("--rank", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--until", type=int, default=4)
+    parser.add_argument("--keep-on", type=int, default=None)
     args = parser.parse_args()
     nf.distributed.init()
     if args.case == "train":
         train(args.out, [int(s) for s in args.sizes.split(",")], args.weighted)
     elif args.case == "held":
-        held(args.out)
+        held(args.out, args.keep_on)
     elif args.case in ("fail", "uneven"):
-        fail(args.rank, uneven=args.case == "uneven")
+        fail(args.rank, uneven=args.case == "uneven", until=args.until)
     elif args.case == "mismatch":
         mismatch()
     elif args.case == "fit":

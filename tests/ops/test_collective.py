@@ -297,3 +297,13 @@ def test_averaged_gradients_still_held_are_not_overwritten_by_the_next_step(monk
     (g,) = collective._start_average([a], [a], None).wait([a])  # the freed buffer serves again
     assert _address(g) == address
     np.testing.assert_array_equal(g, a / 2)
+
+
+def test_the_allreduce_choice_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(collective.ALLREDUCE_ENV, raising=False)
+    assert collective.allreduce_choice() == "shared"
+    monkeypatch.setenv(collective.ALLREDUCE_ENV, " MPI ")
+    assert collective.allreduce_choice() == "mpi"
+    monkeypatch.setenv(collective.ALLREDUCE_ENV, "nccl")
+    with pytest.raises(AttrError, match="NESTFLOW_ALLREDUCE='nccl': use 'shared' or 'mpi'"):
+        collective.allreduce_choice()
