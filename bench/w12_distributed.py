@@ -6,7 +6,8 @@ spends waiting in all-reduce (c_allreduce_wait: the sum itself plus waiting for 
 rank).
 
 Weak scaling: every rank takes W1's (W3's) batch per step, so a 2-rank step trains on twice the
-samples. Each configuration runs in fresh processes, 1 rank then 2 ranks, `ROUNDS` times; a
+samples. Each configuration runs in fresh processes, 1 rank and 2 ranks (in turn first, so a
+slow or fast spell of the shared host does not always fall on the same one), `ROUNDS` times; a
 process times `CHUNKS` chunks of steps after a warm-up (the ranks start each chunk together and
 a chunk lasts as long as its slowest rank) and reports the median chunk. The table shows the
 medians over the rounds and the load average of the machine while it ran: with other work on
@@ -35,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from timing import row, unavailable
 
-ROUNDS = 3
+ROUNDS = 5
 CHUNKS = 5
 TARGET_SPEEDUP = 1.7  # W1 at 2 ranks over 1 rank
 # The workloads also timed in PyTorch (its DistributedDataParallel on 2 processes).
@@ -282,8 +283,8 @@ def run(rounds: int = ROUNDS) -> dict:
         try:
             found = {1: [], 2: []}
             pairs = []
-            for _ in range(rounds):
-                for ranks in (1, 2):
+            for turn in range(rounds):
+                for ranks in (1, 2) if turn % 2 == 0 else (2, 1):
                     found[ranks].append(_run_process(kind, steps, ranks))
                     if kind in TORCH_WORKLOADS:
                         torch_found[ranks].append(_torch_or_why(steps, ranks))
