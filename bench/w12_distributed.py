@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from timing import row, unavailable
+from timing import row, setup_torch, unavailable
 
 ROUNDS = 5
 CHUNKS = 5
@@ -166,18 +166,10 @@ def torch_worker(steps: int) -> dict:
     return figures if rank == 0 else {}
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
 def _torch_or_why(steps: int, ranks: int) -> dict | str:
     """PyTorch's figures, or why there are none (no torch, a failed gloo job): the nestflow
     rows never depend on the reference."""
-    if _torch() is None:
+    if setup_torch() is None:
         return unavailable(ImportError("torch is not installed"))
     try:
         return _run_torch(steps, ranks)
@@ -213,25 +205,31 @@ def _run_torch(steps: int, ranks: int) -> dict:
             MASTER_PORT=str(_free_port()),
             GLOO_SOCKET_IFNAME="lo",
         )
+    figures = _run_together(cmd, [dict(env, RANK=str(rank)) for rank in range(ranks)])[0]
+    if not figures:
+        raise RuntimeError("the PyTorch job printed no figures")
+    return figures
+
+
+def _printed_figures(out: str) -> dict:
+    """The figures a worker printed (its last "W12 " line); {} when it printed none."""
+    lines = [line for line in out.splitlines() if line.startswith("W12 ")]
+    return json.loads(lines[-1][4:]) if lines else {}
+
+
+def _run_together(cmd: list[str], envs: list[dict]) -> list[dict]:
+    """`cmd` in one process per environment of `envs`, all at once: each one's figures;
+    RuntimeError with the last line a failed one wrote."""
     jobs = [
-        subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(env, RANK=str(rank)),
-        )
-        for rank in range(ranks)
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for env in envs
     ]
-    found = None
+    found = []
     for job in jobs:
         out, err = job.communicate(timeout=600)
-        lines = [line for line in out.splitlines() if line.startswith("W12 ")]
         if job.returncode != 0:
             raise RuntimeError((err or out).strip().splitlines()[-1])
-        found = found or (json.loads(lines[-1][4:]) if lines else None)
-    if found is None:
-        raise RuntimeError("the PyTorch job printed no figures")
+        found.append(_printed_figures(out))
     return found
 
 
@@ -248,10 +246,10 @@ def _run_process(kind: str, steps: int, ranks: int) -> dict:
         cmd, launch_env = command(ranks, [*args, "--distributed"], threads=1)
         env.update(launch_env, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("W12 ")]
-    if done.returncode != 0 or not lines:
+    figures = _printed_figures(done.stdout)
+    if done.returncode != 0 or not figures:
         raise RuntimeError((done.stderr or done.stdout).strip().splitlines()[-1])
-    return json.loads(lines[-1][4:])
+    return figures
 
 
 def _run_pair(kind: str, steps: int) -> float:
@@ -261,18 +259,10 @@ def _run_pair(kind: str, steps: int) -> float:
     here = str(Path(__file__).resolve())
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     cmd = [sys.executable, here, "--worker", kind, "--steps", str(steps)]
-    jobs = [
-        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for _ in range(2)
-    ]
-    total = 0.0
-    for job in jobs:
-        out, err = job.communicate(timeout=600)
-        lines = [line for line in out.splitlines() if line.startswith("W12 ")]
-        if job.returncode != 0 or not lines:
-            raise RuntimeError((err or out).strip().splitlines()[-1])
-        total += json.loads(lines[-1][4:])["samples_per_s"]
-    return total
+    figures = _run_together(cmd, [env, env])
+    if not all(figures):
+        raise RuntimeError("a worker printed no figures")
+    return sum(f["samples_per_s"] for f in figures)
 
 
 def run(rounds: int = ROUNDS) -> dict:
@@ -309,7 +299,7 @@ def run(rounds: int = ROUNDS) -> dict:
             if isinstance(torch_one, float) and isinstance(torch_two, float):
                 torch_ratio = torch_one / torch_two
                 notes.append(
-                    f"PyTorch {_torch().__version__} reference for "
+                    f"PyTorch {setup_torch().__version__} reference for "
                     f"{name}: DistributedDataParallel over gloo (its CPU backend, loopback), "
                     f"25 MB buckets, 1 thread per process: 2 processes reach "
                     f"{torch_two / torch_one:.2f}x one process"

@@ -428,6 +428,7 @@ class BucketWindow:
         """Write, after the packed gradients, which sum arrays this rank still refers to."""
         held = 0
         index = 0
+        # not enumerate(): its tuple would hold one more reference than _UNHELD counts
         for array in self.sums:
             if getrefcount(array) != _UNHELD:
                 held |= 1 << index
@@ -476,12 +477,17 @@ class BucketWindow:
             weight = self.sends[0][self.numel - 1]
             for send in self.sends[1:]:
                 weight = weight + send[self.numel - 1]
-            end = min(high, self.numel - 1)
-            if weight != 0:
-                share[: max(0, end - low)] /= weight
-            else:  # no rank had a sample: no step
-                share[: max(0, end - low)] = 0
+            _divide_by_weights(share[: max(0, min(high, self.numel - 1) - low)], weight)
         return total[: self.numel], lent
+
+
+def _divide_by_weights(values: np.ndarray, total: Any) -> None:
+    """Weighted sums into the weighted mean, in place: over the summed weights, or zero when
+    no rank had a sample (no step)."""
+    if total != 0:
+        values /= total
+    else:
+        values[...] = 0
 
 
 @dataclass
@@ -733,12 +739,8 @@ class PendingAverage:
         self.world.wait(self.request)
         buffer = self.buffer
         if self.weighted:
-            total = buffer[-1]
             values = buffer[:-1]
-            if total != 0:
-                values /= total
-            else:  # no rank had a sample: no step
-                values[...] = 0
+            _divide_by_weights(values, buffer[-1])
         else:  # each rank sent X / size: the sum is the mean
             values = buffer
         return self._views(values)
