@@ -268,15 +268,16 @@ class Communicator:
         self.wait_ns += perf_counter_ns() - start
         self.calls["Wait"] += 1
 
-    def start_shared(self, window: BucketWindow) -> SharedSum:
-        """This rank's gradients are packed into `window`: let the other ranks know (one
-        Ibarrier; the wait completes it and sums)."""
+    def start_shared(self, window: BucketWindow, own: ScaledGradients) -> SharedSum:
+        """This rank's gradients are packed into `window` (all but its own share, which it
+        sums from `own`): let the other ranks know (one Ibarrier; the wait completes it and
+        sums)."""
         window.tell_held()
         window.sync()
         self.calls["shared_allreduce"] += 1
         self.calls["Ibarrier"] += 1
         self.nbytes += window.send.nbytes
-        return SharedSum(window, self.comm.Ibarrier())
+        return SharedSum(window, self.comm.Ibarrier(), own)
 
     def finish_shared(self, pending: SharedSum, weighted: bool) -> np.ndarray:
         """Once every rank packed: sum this rank's share of the window; once every share is
@@ -286,7 +287,7 @@ class Communicator:
         start = perf_counter_ns()
         self._complete(pending.packed)
         window.sync()
-        summed, lent = window.sum_share(weighted)
+        summed, lent = window.sum_share(pending.own, weighted)
         window.sync()
         self.calls["Ibarrier"] += 1
         self._complete(self.comm.Ibarrier())
@@ -338,9 +339,10 @@ class NodeWindows:
     """Gradient averaging through MPI-3 shared memory when every rank runs on one node.
 
     Each bucket gets MPI shared-memory windows (MPI_Win_allocate_shared on the node's
-    communicator). Every rank packs its gradients into its own part of the first; after an MPI
-    barrier rank r sums slice r of all the parts (NumPy, in rank order) into slice r of one
-    shared sum array, and after a second barrier every rank's averaged gradients are read-only
+    communicator). Every rank packs its gradients into its own part of the first, all but
+    its own slice; after an MPI barrier rank r sums slice r (NumPy: its own gradients, where
+    they are, then the other ranks' parts in rank order) into slice r of one shared sum
+    array, and after a second barrier every rank's averaged gradients are read-only
     views of that array: the same memory, so every rank has the same values to the bit
     (float16 gradients are rounded from it into arrays of their own). The memory is
     MPI's and MPI's barriers order the accesses (with MPI_Win_sync around them); the gradients
@@ -401,6 +403,8 @@ class BucketWindow:
         self.numel, self.dtype = numel, dtype
         self.rank, size = self.node.Get_rank(), self.node.Get_size()
         self.slice = -(-numel // size)
+        # the numbers this rank sums (its share), which it therefore never packs
+        self.low, self.high = share_range(numel, self.rank, size)
         self.windows = [self._window((numel + 1) * dtype.itemsize)]
         self.sends = [
             np.frombuffer(self.windows[0].Shared_query(r)[0], dtype, numel + 1) for r in range(size)
@@ -461,17 +465,22 @@ class BucketWindow:
         self.windows.append(win)
         return np.frombuffer(win.Shared_query(0)[0], self.dtype, size * self.slice)
 
-    def sum_share(self, weighted: bool) -> tuple[np.ndarray, bool]:
+    def sum_share(self, own: ScaledGradients, weighted: bool) -> tuple[np.ndarray, bool]:
         """Sum this rank's slice of every rank's gradients into the free sum array (divided by
         the summed weights, the last number, when weighted); returns that array's first
-        `numel` numbers and whether views of it may be handed out (see _free_sum)."""
+        `numel` numbers and whether views of it may be handed out (see _free_sum). The
+        rank's own term comes from its gradients (`own`), which it did not pack there; the
+        other ranks' terms are added in rank order (so with 2 ranks, or for the slices of
+        ranks 0 and 1, the sum is the one a rank-order reduction makes)."""
         total, lent = self._free_sum()
-        low = min(self.numel, self.rank * self.slice)
-        high = min(self.numel, low + self.slice)
+        low, high = self.low, self.high
         share = total[low:high]
-        np.add(self.sends[0][low:high], self.sends[1][low:high], out=share)
-        for send in self.sends[2:]:
-            np.add(share, send[low:high], out=share)
+        own.write(share, low, min(high, own.numel))
+        if low <= own.numel < high:  # the weight, the last number: packed by every rank
+            share[own.numel - low] = self.send[own.numel]
+        for rank, send in enumerate(self.sends):
+            if rank != self.rank:
+                np.add(share, send[low:high], out=share)
         if weighted:
             # every rank reads the summed weights from the packed parts, not from a share
             weight = self.sends[0][self.numel - 1]
@@ -479,6 +488,14 @@ class BucketWindow:
                 weight = weight + send[self.numel - 1]
             _divide_by_weights(share[: max(0, min(high, self.numel - 1) - low)], weight)
         return total[: self.numel], lent
+
+
+def share_range(numel: int, rank: int, size: int) -> tuple[int, int]:
+    """The numbers [low, high) of a bucket of `numel` that `rank` of `size` sums: slices of
+    ceil(numel / size), the last ones short or empty."""
+    share = -(-numel // size)
+    low = min(numel, rank * share)
+    return low, min(numel, low + share)
 
 
 def _divide_by_weights(values: np.ndarray, total: Any) -> None:
@@ -492,10 +509,39 @@ def _divide_by_weights(values: np.ndarray, total: Any) -> None:
 
 @dataclass
 class SharedSum:
-    """A shared-window sum under way: the window and the barrier saying every rank packed."""
+    """A shared-window sum under way: the window, the barrier saying every rank packed, and
+    this rank's scaled gradients (its share of the sum reads them rather than the window)."""
 
     window: BucketWindow
     packed: Any
+    own: ScaledGradients
+
+
+class ScaledGradients:
+    """One bucket of a rank's gradients, concatenated and scaled in thought only: number i is
+    `scale` times number i of the flattened X, one after another (zero for a gradient not
+    computed, None). `write` makes a range of them real, so a sum reads each number where it
+    already is instead of from a packed copy."""
+
+    __slots__ = ("X", "sizes", "scale", "numel")
+
+    def __init__(self, X: list[np.ndarray | None], sizes: list[int], scale: float):
+        self.X, self.sizes, self.scale = X, sizes, scale
+        self.numel = sum(sizes)
+
+    def write(self, out: np.ndarray, low: int, high: int) -> None:
+        """out[: high - low] = numbers low..high (casting to out's dtype)."""
+        offset = 0
+        for x, size in zip(self.X, self.sizes):
+            start, stop = max(low, offset), min(high, offset + size)
+            if start < stop:
+                part = out[start - low : stop - low]
+                if x is None or self.scale == 0:  # no gradient, or no sample: nothing
+                    part[...] = 0
+                else:
+                    flat = x.reshape(-1)[start - offset : stop - offset]
+                    np.multiply(flat, self.scale, out=part, casting="unsafe")
+            offset += size
 
 
 def _as_bytes(array: np.ndarray) -> np.ndarray:
@@ -849,21 +895,16 @@ def _start_average(X, Param, Weight) -> PendingAverage:
     buffer = window.send if window is not None else world.bucket_buffer(numel, wire)
     # Scaled while packed (one pass over the gradients): by the weight, else by 1 / size so
     # that the sum is the mean (exact for power-of-two sizes).
-    scale = weight if weight is not None else 1.0 / world.size
-    offset = 0
-    for x, size in zip(X, sizes):
-        part = buffer[offset : offset + size]
-        if x is None or scale == 0:  # no gradient, or no sample: contributes nothing
-            part[...] = 0
-        else:
-            np.multiply(x.reshape(-1), scale, out=part, casting="unsafe")
-        offset += size
+    scaled = ScaledGradients(X, sizes, weight if weight is not None else 1.0 / world.size)
     if weight is not None:
         buffer[-1] = weight
-    if window is not None:
-        request = world.start_shared(window)
-    else:
+    if window is None:
+        scaled.write(buffer, 0, scaled.numel)
         request = world.start_allreduce(buffer)
+    else:  # all but the share this rank sums, which reads its gradients where they are
+        scaled.write(buffer, 0, window.low)
+        scaled.write(buffer[window.high :], window.high, scaled.numel)
+        request = world.start_shared(window, scaled)
     return PendingAverage(world, buffer, request, shapes, dtype, weight is not None)
 
 

@@ -307,3 +307,98 @@ def test_the_allreduce_choice_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv(collective.ALLREDUCE_ENV, "nccl")
     with pytest.raises(AttrError, match="NESTFLOW_ALLREDUCE='nccl': use 'shared' or 'mpi'"):
         collective.allreduce_choice()
+
+
+class _NodeOfRanks:
+    """`size` ranks' shared-memory windows for one bucket, in one process (no MPI): each
+    rank's window object sees every rank's send part and one sum array, as the mapped windows
+    do. Every number starts as NaN, so a number read before it is written shows."""
+
+    def __init__(self, size: int, numel: int, dtype=np.float64):
+        dtype = np.dtype(dtype)
+        self.sends = [np.full(numel + 1, np.nan, dtype) for _ in range(size)]
+        share = -(-numel // size)
+        self.total = np.full(size * share, np.nan, dtype)
+        self.windows = []
+        for rank in range(size):
+            window = object.__new__(collective.BucketWindow)
+            window.numel, window.dtype, window.rank, window.slice = numel, dtype, rank, share
+            window.low, window.high = collective.share_range(numel, rank, size)
+            window.sends, window.send = self.sends, self.sends[rank][:numel]
+            window.sums, window.scratch = [self.total], None
+            self.windows.append(window)
+            self.sends[rank][numel] = 0  # holds no sum array
+
+    def average(self, monkeypatch, X_per_rank, params, weights=None):
+        """Start every rank's bucket (packing), then sum every rank's share: the averaged
+        numbers, and each rank's send part as packed."""
+        pendings = []
+        for rank, X in enumerate(X_per_rank):
+            window = self.windows[rank]
+
+            class World:
+                size, initialized = len(self.windows), True
+                shared = type("Node", (), {"acquire": lambda _, numel, dtype: window})()
+
+                def checked(self):
+                    return self
+
+                def start_shared(self, window, own):
+                    return collective.SharedSum(window, None, own)
+
+            monkeypatch.setattr(collective, "WORLD", World())
+            weight = None if weights is None else np.array([weights[rank]])
+            pendings.append(collective._start_average(X, params, weight))
+        packed = [send.copy() for send in self.sends]
+        for pending in pendings:
+            summed, lent = pending.request.window.sum_share(pending.request.own, pending.weighted)
+            assert lent and summed.base is not None
+        return self.total[: self.windows[0].numel].copy(), packed
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_shared_window_sum_over_ranks(monkeypatch, size, weighted):
+    """Each rank packs all but its own share and sums that share from its gradients where
+    they are: the sum array holds the (weighted) mean whatever the bucket's size against the
+    number of ranks (a bucket of one number over 4 ranks leaves 3 shares empty), with a
+    gradient not computed (zeros) and one that is not contiguous."""
+    shapes = [(3, 2), (1,), (5,)]
+    params = [np.zeros(s) for s in shapes]
+    X = [
+        [rng.normal(size=(2, 3)).T, None if rank == 1 else rng.normal(size=1),
+         rng.normal(size=5)]
+        for rank in range(size)
+    ]  # fmt: skip
+    weights = [rank + 1 for rank in range(size)] if weighted else None
+    numel = 12 + weighted
+    node = _NodeOfRanks(size, numel)
+    summed, packed = node.average(monkeypatch, X, params, weights)
+    grads = [
+        np.concatenate(
+            [np.zeros(s).ravel() if x is None else x.ravel() for x, s in zip(xs, shapes)]
+        )
+        for xs in X
+    ]
+    scales = weights or [1 / size] * size
+    expected = sum(scale * g for scale, g in zip(scales, grads))
+    if weighted:
+        expected = np.append(expected / sum(weights), sum(weights))
+    np.testing.assert_allclose(summed, expected, rtol=1e-14, atol=1e-15)
+    for rank, window in enumerate(node.windows):
+        own = slice(window.low, window.high)
+        assert np.isnan(packed[rank][own][: 12 - window.low]).all(), "own share packed"
+        outside = np.r_[0 : window.low, window.high : 12]
+        np.testing.assert_array_equal(packed[rank][outside], (scales[rank] * grads[rank])[outside])
+    if size == 2 and not weighted:  # the order of a rank-order reduction, to the bit
+        np.testing.assert_array_equal(summed, grads[0] / 2 + grads[1] / 2)
+
+
+def test_a_bucket_of_one_number_over_more_ranks_than_numbers(monkeypatch):
+    node = _NodeOfRanks(3, 1)
+    X = [[np.array([float(rank)])] for rank in range(3)]
+    summed, _ = node.average(monkeypatch, X, [np.zeros(1)])
+    np.testing.assert_allclose(summed, [1.0], rtol=1e-15)
+    node = _NodeOfRanks(3, 2)  # one number and the weight: rank 2's share is empty
+    summed, _ = node.average(monkeypatch, X, [np.zeros(1)], weights=[0, 2, 2])
+    np.testing.assert_allclose(summed, [1.5, 4.0], rtol=1e-15)
