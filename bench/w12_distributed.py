@@ -293,6 +293,15 @@ def run(rounds: int = ROUNDS) -> dict:
             "with 2"
         )
         name = kind.upper()
+        # each round's 2 ranks over its 1 rank (run next to each other): how far the host's
+        # spells move the speed-up within this run
+        speedups = sorted(
+            b["samples_per_s"] / a["samples_per_s"] for a, b in zip(found[1], found[2])
+        )
+        notes.append(
+            f"{name} speed-up of 2 ranks over 1 in each round: "
+            + ", ".join(f"{x:.2f}x" for x in speedups)
+        )
         torch_one, torch_two, torch_ratio = "–", "–", "–"
         if kind in TORCH_WORKLOADS:
             torch_one, torch_two = (_median_or_why(torch_found[r]) for r in (1, 2))

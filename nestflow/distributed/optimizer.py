@@ -8,7 +8,8 @@ DistributedOptimizer with tensor fusion, Paddle fleet's collective transpiler):
    backward finishes them (the last layer's first), and for each bucket a c_allreduce_start op
    inserted right after the op that writes the bucket's last gradient: one sum per bucket,
    started while backward goes on with the earlier layers (in MPI-3 shared memory when every
-   rank runs on one node: the start packs and announces the rank's gradients, the wait sums;
+   rank runs on one node: the start packs and announces the rank's gradients, the wait sums
+   this rank's share of them;
    else a non-blocking MPI_Iallreduce, whose data Open MPI moves inside MPI calls: the later
    buckets' starts test the earlier ones, the waits finish them; what overlaps backward is
    mostly the time a rank would otherwise spend waiting for a slower one);

@@ -288,6 +288,7 @@ class Communicator:
         self._complete(pending.packed)
         window.sync()
         summed, lent = window.sum_share(pending.own, weighted)
+        pending.own = None  # the rank's own gradients: not needed past the sum
         window.sync()
         self.calls["Ibarrier"] += 1
         self._complete(self.comm.Ibarrier())
@@ -393,8 +394,9 @@ MAX_SUM_ARRAYS = 16
 
 class BucketWindow:
     """One bucket's shared memory: on every rank `send` (its packed gradients, `numel`
-    numbers, followed by the bits of the sum arrays it still holds) and the sum arrays (each
-    in one window whose memory rank 0 allocates and every rank maps whole)."""
+    numbers, all but its own share [low, high) which only it reads, from its gradients;
+    followed by the bits of the sum arrays it still holds) and the sum arrays (each in one
+    window whose memory rank 0 allocates and every rank maps whole)."""
 
     def __init__(self, windows: NodeWindows, numel: int, dtype: np.dtype):
         from mpi4py import MPI
@@ -523,24 +525,27 @@ class ScaledGradients:
     computed, None). `write` makes a range of them real, so a sum reads each number where it
     already is instead of from a packed copy."""
 
-    __slots__ = ("X", "sizes", "scale", "numel")
+    __slots__ = ("flat", "sizes", "scale", "numel")
 
     def __init__(self, X: list[np.ndarray | None], sizes: list[int], scale: float):
-        self.X, self.sizes, self.scale = X, sizes, scale
+        # flattened once (a copy only for a gradient that is not contiguous)
+        self.flat = [None if x is None else x.reshape(-1) for x in X]
+        self.sizes, self.scale = sizes, scale
         self.numel = sum(sizes)
 
     def write(self, out: np.ndarray, low: int, high: int) -> None:
-        """out[: high - low] = numbers low..high (casting to out's dtype)."""
+        """out[: high - low] = numbers low..high, computed in out's dtype (float16 gradients
+        are scaled in float32, the wire's dtype, not rounded to float16 first)."""
         offset = 0
-        for x, size in zip(self.X, self.sizes):
+        for flat, size in zip(self.flat, self.sizes):
             start, stop = max(low, offset), min(high, offset + size)
             if start < stop:
                 part = out[start - low : stop - low]
-                if x is None or self.scale == 0:  # no gradient, or no sample: nothing
+                if flat is None or self.scale == 0:  # no gradient, or no sample: nothing
                     part[...] = 0
                 else:
-                    flat = x.reshape(-1)[start - offset : stop - offset]
-                    np.multiply(flat, self.scale, out=part, casting="unsafe")
+                    piece = flat[start - offset : stop - offset]
+                    np.multiply(piece, self.scale, out=part, dtype=part.dtype, casting="unsafe")
             offset += size
 
 
@@ -755,8 +760,9 @@ class PendingAverage:
     """A bucket of gradients being summed over the ranks: what c_allreduce_start hands to
     c_allreduce_wait (the value of a RAW variable). `buffer` holds the flattened gradients in
     the wire dtype, divided by the number of ranks (so that the sum is the mean), or when
-    weighted times the rank's weight and followed by the weight itself; `request` is the MPI
-    request of their sum, or a SharedSum when the ranks sum in a shared-memory window."""
+    weighted times the rank's weight and followed by the weight itself (in a shared-memory
+    window, all but the rank's own share: see BucketWindow); `request` is the MPI request of
+    their sum, or a SharedSum when the ranks sum in a shared-memory window."""
 
     __slots__ = ("world", "buffer", "request", "shapes", "dtype", "weighted")
 
@@ -893,8 +899,8 @@ def _start_average(X, Param, Weight) -> PendingAverage:
     numel = sum(sizes) + (weight is not None)
     window = world.shared.acquire(numel, wire) if world.shared is not None else None
     buffer = window.send if window is not None else world.bucket_buffer(numel, wire)
-    # Scaled while packed (one pass over the gradients): by the weight, else by 1 / size so
-    # that the sum is the mean (exact for power-of-two sizes).
+    # Scaled as they are packed or summed (one pass over each number): by the weight, else by
+    # 1 / size so that the sum is the mean (exact for power-of-two sizes).
     scaled = ScaledGradients(X, sizes, weight if weight is not None else 1.0 / world.size)
     if weight is not None:
         buffer[-1] = weight

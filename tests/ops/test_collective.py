@@ -402,3 +402,17 @@ def test_a_bucket_of_one_number_over_more_ranks_than_numbers(monkeypatch):
     node = _NodeOfRanks(3, 2)  # one number and the weight: rank 2's share is empty
     summed, _ = node.average(monkeypatch, X, [np.zeros(1)], weights=[0, 2, 2])
     np.testing.assert_allclose(summed, [1.5, 4.0], rtol=1e-15)
+
+
+def test_the_shared_window_sum_of_float16_gradients_with_a_rank_without_samples(monkeypatch):
+    """float16 gradients are scaled and summed in float32 (the wire's dtype), in the packed
+    parts and in a rank's own share alike; a rank whose batch was empty (weight 0, NaN
+    gradients) adds exact zeros, its own share included (rank 1's here)."""
+    x0, x2 = (rng.normal(size=7).astype(np.float16) for _ in range(2))
+    X = [[x0], [np.full(7, np.nan, np.float16)], [x2]]
+    node = _NodeOfRanks(3, 8, np.float32)
+    summed, _ = node.average(monkeypatch, X, [np.zeros(7, np.float16)], weights=[2, 0, 3])
+    assert node.windows[1].low < 7 and node.windows[1].high <= 7  # rank 1 sums gradients
+    f32 = np.float32
+    expected = np.append((2 * x0.astype(f32) + 3 * x2.astype(f32)) / f32(5), 5)
+    np.testing.assert_allclose(summed, expected, rtol=1e-6)
