@@ -7,6 +7,7 @@ and dropped when it completes ("destroy when minibatch completes").
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -93,6 +94,16 @@ class Executor:
             raise TypeMismatchError(
                 f"Executor(place): place must be a Place such as nf.CPUPlace(), got "
                 f"{type(place).__name__} {place!r}"
+            )
+        if place is not None and not isinstance(place, CPUPlace):
+            # Fluid scripts pick CUDAPlace whenever CuPy is found: they keep working, on the
+            # host, but not without saying so.
+            warnings.warn(
+                f"Executor({place!r}): nestflow runs every kernel on the CPU with NumPy, so "
+                "this program runs on the host, not the GPU (feeds, parameters and fetches "
+                "stay in host memory); pass nf.CPUPlace() to say so",
+                RuntimeWarning,
+                stacklevel=2,
             )
         self.place = place if place is not None else CPUPlace()
         self.check_nan_inf = check_nan_inf

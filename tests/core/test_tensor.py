@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -176,3 +178,21 @@ def test_mutable_data_spells_dtypes_like_the_rest_of_nestflow():
     assert t.mutable_data((2,), "fp16").dtype == np.float16
     with pytest.raises(DTypeError, match="'floatz'"):
         t.mutable_data((2,), "floatz")
+
+
+def test_an_executor_on_a_gpu_place_says_it_runs_on_the_host(monkeypatch):
+    """Kernels are NumPy's: an Executor given CUDAPlace (Fluid scripts choose it whenever CuPy
+    is found) still runs, on the host, and warns so; CPUPlace and no place do not warn."""
+    monkeypatch.setattr(nf.core.place, "is_compiled_with_cuda", lambda: True)
+    with pytest.warns(RuntimeWarning, match=r"Executor\(CUDAPlace\(0\)\).*the CPU"):
+        exe = nf.Executor(nf.CUDAPlace(0))
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 2])
+        y = nf.layers.scale(x, scale=3.0)
+    (got,) = exe.run(main, feed={"x": np.ones((1, 2), "float32")}, fetch_list=[y])
+    assert isinstance(got, np.ndarray) and (got == 3.0).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nf.Executor(nf.CPUPlace())
+        nf.Executor()
