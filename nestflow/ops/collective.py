@@ -516,7 +516,7 @@ class SharedSum:
 
     window: BucketWindow
     packed: Any
-    own: ScaledGradients
+    own: ScaledGradients | None  # None once its share is summed
 
 
 class ScaledGradients:
