@@ -73,18 +73,31 @@ DTYPE_ELEMENTS = {v: k for k, v in ELEMENT_DTYPES.items()}
 # Ops that are never folded into constants: they draw random numbers.
 _NOT_FOLDED = frozenset({"uniform_random", "gaussian_random", "dropout"})
 
+# The largest constant (in bytes) the importer computes when it imports a model. One whose
+# shape is known beforehand and exceeds it is left to run time (ConstantOfShape, Expand): a
+# hostile model's 10**6 x 10**6 constant must not be allocated just by importing it.
+MAX_FOLDED_BYTES = 2**28
+
+# Subgraphs (If branches, Loop bodies) nested deeper than this are refused. The importer
+# recurses a few Python frames per level; protobuf's own depth limit stops a serialised model
+# at about 30 levels, an in-memory ModelProto has none.
+MAX_SUBGRAPH_DEPTH = 32
+
 
 def load(
     model: Any,
     scope: Scope | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    base_dir: str | os.PathLike | None = None,
 ) -> tuple[Program, list[str], list[VarDesc]]:
     """Import an ONNX model: returns (program, feed_names, fetch_vars).
 
     `model`: a path (str or os.PathLike) to an .onnx file, its bytes, or an onnx.ModelProto.
     `scope` (default: nf.global_scope()) receives the initializers (float ones as trainable
     parameters) and the constants the program reads. `input_shapes` maps graph input names to
-    shapes replacing the declared ones (-1 or None: any size).
+    shapes replacing the declared ones (-1 or None: any size). `base_dir`: the directory
+    external tensor data is read from (default: the model file's directory; bytes and a
+    ModelProto with external data need it, nothing is read from the working directory).
 
     Raises ProgramDecodeError, UnknownOpError, AttrError, DTypeError or ShapeError (see the
     module docstring); nothing is put into `scope` when the import fails. ModuleNotFoundError
@@ -99,7 +112,7 @@ def load(
         raise ModuleNotFoundError(
             "nf.onnx.load needs the onnx package: pip install 'nestflow[onnx]'"
         ) from None
-    proto = read_model(model)
+    proto = read_model(model, base_dir)
     opset = default_opset(proto)
     if scope is None:
         from nestflow.executor import global_scope
@@ -114,15 +127,16 @@ def load(
     return program, feeds, fetches
 
 
-def read_model(model: Any):
-    """`model` (path, bytes or ModelProto) as an onnx.ModelProto; ProgramDecodeError if it is
-    not one."""
+def read_model(model: Any, base_dir: str | os.PathLike | None = None):
+    """`model` (path, bytes or ModelProto) as an onnx.ModelProto, its external data read from
+    `base_dir` (a path's default: the file's directory); ProgramDecodeError if it is not a
+    valid model (see check_graph)."""
     import onnx
 
     if isinstance(model, onnx.ModelProto):
-        proto = model
+        proto, what = model, "the ModelProto given"
     elif isinstance(model, (bytes, bytearray, memoryview)):
-        proto = _parse(bytes(model), "the bytes given")
+        proto, what = _parse(bytes(model), "the bytes given"), "the bytes given"
     elif isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         try:
@@ -130,14 +144,20 @@ def read_model(model: Any):
                 data = f.read()
         except OSError as exc:
             raise ProgramDecodeError(f"cannot read ONNX model '{path}': {exc}") from None
-        proto = _parse(data, f"'{path}'")
-        _load_external_data(proto, os.path.dirname(os.path.abspath(path)), path)
+        proto, what = _parse(data, f"'{path}'"), f"ONNX model '{path}'"
+        if base_dir is None:
+            base_dir = os.path.dirname(os.path.abspath(path))
     else:
         raise ProgramDecodeError(
             f"nf.onnx.load takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}"
         )
     if not proto.HasField("graph"):
         raise ProgramDecodeError("the ONNX model has no graph (is this an .onnx file?)")
+    check_graph(proto.graph)
+    for function in proto.functions:  # their subgraphs too, before onnx's loaders recurse
+        for sub in _subgraphs(function.node):
+            check_graph(sub, 1)
+    proto = _load_external_data(proto, base_dir, what)
     if len(proto.functions):  # model-local functions (torch's dynamo exporter makes them)
         from onnx.inliner import inline_local_functions
 
@@ -145,7 +165,55 @@ def read_model(model: Any):
             proto = inline_local_functions(proto)
         except Exception as exc:
             raise ProgramDecodeError(f"the model's local functions do not inline: {exc}") from None
+        check_graph(proto.graph)
     return proto
+
+
+def check_graph(graph, depth: int = 0) -> None:
+    """Refuse what ONNX's checker refuses and the importer would otherwise take: a value
+    assigned twice in one graph (two nodes writing one output, a node overwriting a graph
+    input or initializer, a repeated input or initializer) and subgraphs nested deeper than
+    MAX_SUBGRAPH_DEPTH. Run on every model, a ModelProto built in memory included, before
+    anything else walks the graph."""
+    if depth > MAX_SUBGRAPH_DEPTH:
+        raise ProgramDecodeError(
+            f"the ONNX model nests subgraphs (If branches, Loop bodies) more than "
+            f"{MAX_SUBGRAPH_DEPTH} deep"
+        )
+    where = f"subgraph '{graph.name}'" if depth else "the ONNX graph"
+    defined: set[str] = set()
+    for kind, names in (
+        ("input", [v.name for v in graph.input]),
+        ("initializer", [t.name for t in graph.initializer]),
+    ):
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise ProgramDecodeError(f"{where} lists {kind} '{name}' twice")
+            seen.add(name)
+        defined |= seen
+    for index, node in enumerate(graph.node):
+        for name in node.output:
+            if name and name in defined:
+                raise ProgramDecodeError(
+                    f"{where}: node '{node.name or index}' ({node.op_type}) writes '{name}', "
+                    f"which the graph already defines (an input, an initializer or an earlier "
+                    f"node's output): ONNX graphs assign each value once"
+                )
+            defined.add(name)
+    for sub in _subgraphs(graph.node):
+        check_graph(sub, depth + 1)
+
+
+def _subgraphs(nodes) -> list:
+    """The subgraphs the attributes of `nodes` hold (If branches, Loop and Scan bodies)."""
+    found = []
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                found.append(attr.g)
+            found.extend(attr.graphs)
+    return found
 
 
 def _parse(data: bytes, what: str):
@@ -164,18 +232,33 @@ def _parse(data: bytes, what: str):
     return proto
 
 
-def _load_external_data(proto, base_dir: str, path: str) -> None:
-    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+def _load_external_data(proto, base_dir: str | os.PathLike | None, what: str):
+    """`proto` with its external tensor data read from `base_dir` (a copy: a ModelProto
+    given by the caller is left as it was). onnx's loader refuses a location that leaves
+    the directory (../, absolute paths, symlinks) and one that is no regular file. Without a
+    base directory external data is refused: reading it from the working directory would
+    let a model name any file there."""
+    from onnx.external_data_helper import (
+        _get_all_tensors,
+        load_external_data_for_model,
+        uses_external_data,
+    )
 
-    tensors = list(proto.graph.initializer)
-    if not any(uses_external_data(t) for t in tensors):
-        return
-    try:
-        load_external_data_for_model(proto, base_dir)
-    except Exception as exc:
+    external = [t.name for t in _get_all_tensors(proto) if uses_external_data(t)]
+    if not external:
+        return proto
+    if base_dir is None:
         raise ProgramDecodeError(
-            f"cannot read the external data of ONNX model '{path}': {exc}"
-        ) from None
+            f"{what} keeps tensors {external[:5]} in external data files; nestflow reads "
+            f"them only from a directory you name: nf.onnx.load(..., base_dir=...)"
+        )
+    copy = type(proto)()
+    copy.CopyFrom(proto)
+    try:
+        load_external_data_for_model(copy, os.fspath(base_dir))
+    except Exception as exc:
+        raise ProgramDecodeError(f"cannot read the external data of {what}: {exc}") from None
+    return copy
 
 
 def default_opset(proto) -> int:
@@ -219,9 +302,13 @@ def element_dtype(elem_type: int, what: str) -> str:
 
 def tensor_array(tensor, what: str) -> np.ndarray:
     """An ONNX TensorProto's value as a NumPy array of a nestflow dtype."""
-    from onnx import numpy_helper
+    from onnx import TensorProto, numpy_helper
 
     dtype = element_dtype(tensor.data_type, what)
+    if tensor.data_location == TensorProto.EXTERNAL:  # to_array would read it from the cwd
+        raise ProgramDecodeError(f"{what}: its data is in an external file nestflow did not read")
+    if any(d < 0 for d in tensor.dims):
+        raise ProgramDecodeError(f"{what}: its dims {list(tensor.dims)} include a negative one")
     try:
         array = numpy_helper.to_array(tensor)
     except Exception as exc:
@@ -370,7 +457,7 @@ class GraphImporter:
             result = op_def.forward(*args, **kwargs)
         except NestflowError:
             raise
-        except (ValueError, TypeError, IndexError, ArithmeticError) as exc:
+        except (ValueError, TypeError, IndexError, ArithmeticError, MemoryError) as exc:
             shapes = [getattr(a, "shape", None) for a in args]
             raise ShapeError(
                 f"folding {op_type} on constant inputs of shapes {shapes} failed: {exc}"
@@ -381,6 +468,15 @@ class GraphImporter:
             [np.asarray(r) for r in value] if isinstance(value, list) else np.asarray(value)
             for value in result
         )
+
+    @staticmethod
+    def small(shape: Sequence[int], dtype: Any) -> bool:
+        """Whether a constant of `shape` and `dtype` is small enough to compute at import
+        (MAX_FOLDED_BYTES); checked before allocating it."""
+        size = np.dtype(dtype).itemsize
+        for dim in shape:
+            size *= max(int(dim), 0)  # a negative dim: the kernel's error, not ours
+        return size <= MAX_FOLDED_BYTES
 
     def foldable(self, op_type: str, names: list[str]) -> bool:
         if op_type in _NOT_FOLDED or not all(n in self.consts for n in names):

@@ -10,8 +10,9 @@ from nestflow.onnx.importers.registry import Node, mapper
 
 
 def _as_vector(node: Node, name: str) -> str:
-    """`name` (one element, any rank) as a [1] variable."""
-    return node.op("reshape", {"X": name}, {"shape": [1]})
+    """`name` (one element, any rank) as a [1] variable (a constant one too: the loop's trip
+    count and condition must be variables the While reads)."""
+    return node.graph.var(node.op("reshape", {"X": name}, {"shape": [1]}))
 
 
 @mapper("If")

@@ -11,17 +11,56 @@ import math
 
 import numpy as np
 
+from nestflow.errors import AttrError
 from nestflow.onnx.importers.registry import Node, mapper
+
+
+def _ints_attr(node: Node, name: str, count: int, least: int, default=None) -> list[int]:
+    """Attribute `name` of a Conv or pool node: `count` ints, each >= `least`. Checked here,
+    not left to the kernel: a stride of 0 would divide by zero, a negative pad or dilation
+    index out of the input."""
+    values = node.attr(name, default)
+    if (
+        not isinstance(values, list)
+        or len(values) != count
+        or any(not isinstance(v, int) or v < least for v in values)
+    ):
+        raise AttrError(
+            f"attribute {name}={values} must be {count} ints >= {least} (one per spatial dim"
+            f"{', begins then ends' if name == 'pads' else ''})"
+        )
+    return values
+
+
+def _group(node: Node, channels: int, w_shape) -> int:
+    """The `group` attribute: >= 1 and fitting the input's channels C and the filter W (where
+    known): a Conv's W is [M, C / group, ...], a ConvTranspose's [C, M / group, ...]."""
+    group = node.attr("group", 1)
+    fits = isinstance(group, int) and group >= 1
+    if fits and node.op_type == "Conv":
+        fits = (channels < 0 or w_shape[1] < 0 or channels == w_shape[1] * group) and (
+            w_shape[0] < 0 or w_shape[0] % group == 0
+        )
+    elif fits:
+        fits = (channels < 0 or w_shape[0] < 0 or channels == w_shape[0]) and (
+            channels < 0 or channels % group == 0
+        )
+    if not fits:
+        raise AttrError(
+            f"attribute group={group} does not fit input channels {channels} and filter "
+            f"shape {list(w_shape)}"
+        )
+    return group
 
 
 def _spatial_attrs(node: Node, x_shape, kernel) -> dict:
     """Strides, dilations and nestflow paddings of a Conv or pool node over input `x_shape`
     with window `kernel` (auto_pad SAME_* resolved from the input's spatial sizes)."""
     dims = len(kernel)
-    strides = node.attr("strides", [1] * dims)
-    dilations = node.attr("dilations", [1] * dims)
+    strides = _ints_attr(node, "strides", dims, 1, [1] * dims)
+    dilations = _ints_attr(node, "dilations", dims, 1, [1] * dims)
     auto_pad = node.attr("auto_pad", "NOTSET")
-    pads = node.attr("pads", [0] * 2 * dims)
+    pads = _ints_attr(node, "pads", 2 * dims, 0, [0] * 2 * dims)
     if auto_pad == "VALID":
         pads = [0] * 2 * dims
     elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -85,9 +124,9 @@ def conv(node: Node) -> None:
     (conv2d's fused relu); one conv2d op computes them all."""
     x_shape, w_shape = node.shape(0), node.shape(1)
     dims = _spatial_dims(node, len(x_shape))
-    kernel = node.attr("kernel_shape", list(w_shape[2:]))
+    kernel = _kernel(node, dims, w_shape)
     geometry = _as_2d(_spatial_attrs(node, x_shape, kernel), dims)
-    attrs = {**geometry, "groups": node.attr("group", 1)}
+    attrs = {**geometry, "groups": _group(node, x_shape[1], w_shape)}
     folded = _folded_batch_norm(node)
     if folded is not None:
         w, bias = (node.constant(v) for v in folded[:2])
@@ -110,6 +149,20 @@ def conv(node: Node) -> None:
     _from_4d(node, y, dims)
     for name in absorbed:  # bound to the fused result when the importer reaches them
         node.graph.absorbed[name] = node.name_of_output(0)
+
+
+def _kernel(node: Node, dims: int, w_shape) -> list[int]:
+    """A Conv's or ConvTranspose's kernel_shape: W's spatial dims, which the attribute (when
+    given) must repeat."""
+    if len(w_shape) != dims + 2:
+        raise AttrError(f"filter W of shape {list(w_shape)} must have rank {dims + 2}")
+    known = list(w_shape[2:])
+    if node.has_attr("kernel_shape"):
+        kernel = _ints_attr(node, "kernel_shape", dims, 1)
+        if any(k != w for k, w in zip(kernel, known) if w >= 0):
+            raise AttrError(f"attribute kernel_shape={kernel} differs from W's {known}")
+        return kernel
+    return known
 
 
 def _conv_output_shape(x_shape, w_shape, geometry: dict) -> tuple[int, ...]:
@@ -216,9 +269,7 @@ def _ceil_mode(node: Node, x_shape, geometry: dict, kernel) -> bool:
 def pool(node: Node) -> None:
     x_shape = node.shape(0)
     dims = _spatial_dims(node, len(x_shape))
-    kernel = node.attr("kernel_shape")
-    if kernel is None or len(kernel) != dims:
-        raise node.unsupported(f"kernel_shape {kernel} for input {list(x_shape)}")
+    kernel = _ints_attr(node, "kernel_shape", dims, 1)
     geometry = _spatial_attrs(node, x_shape, kernel)
     if any(d != 1 for d in geometry["dilations"]):
         raise node.unsupported(f"{node.op_type} with dilations {geometry['dilations']}")
@@ -452,11 +503,11 @@ def mean_variance_normalization(node: Node) -> None:
 def conv_transpose(node: Node) -> None:
     x_shape, w_shape = node.shape(0), node.shape(1)
     dims = _spatial_dims(node, len(x_shape))
-    kernel = node.attr("kernel_shape", list(w_shape[2:]))
-    strides = node.attr("strides", [1] * dims)
-    dilations = node.attr("dilations", [1] * dims)
-    extra = node.attr("output_padding", [0] * dims)
-    pads = node.attr("pads", [0] * 2 * dims)
+    kernel = _kernel(node, dims, w_shape)
+    strides = _ints_attr(node, "strides", dims, 1, [1] * dims)
+    dilations = _ints_attr(node, "dilations", dims, 1, [1] * dims)
+    extra = _ints_attr(node, "output_padding", dims, 0, [0] * dims)
+    pads = _ints_attr(node, "pads", 2 * dims, 0, [0] * 2 * dims)
     sizes = list(x_shape[2:])
     full = [
         (s - 1) * st + (k - 1) * d + 1 for s, st, k, d in zip(sizes, strides, kernel, dilations)
@@ -483,7 +534,7 @@ def conv_transpose(node: Node) -> None:
     elif auto_pad == "VALID":
         pads = [0] * 2 * dims
     geometry = _as_2d({"strides": strides, "dilations": dilations, "pads": pads}, dims)
-    attrs = {**geometry, "groups": node.attr("group", 1)}
+    attrs = {**geometry, "groups": _group(node, x_shape[1], w_shape)}
     if any(extra):
         if -1 in sizes:
             raise node.unsupported(f"ConvTranspose output_padding over input {list(x_shape)}")
@@ -570,7 +621,7 @@ def lp_pool(node: Node) -> None:
     else:
         x_shape = node.shape(0)
         dims = _spatial_dims(node, rank)
-        kernel = node.attr("kernel_shape")
+        kernel = _ints_attr(node, "kernel_shape", dims, 1)
         geometry = _spatial_attrs(node, x_shape, kernel)
         if any(d != 1 for d in geometry["dilations"]):
             raise node.unsupported(f"LpPool with dilations {geometry['dilations']}")

@@ -189,12 +189,13 @@ class Node:
         attrs: dict[str, Any] | None = None,
         outputs: Sequence[str | tuple[str, int]] = ("Out",),
         out: int | None | Sequence[int | None] = None,
+        fold: bool = True,
     ) -> Any:
         """Append nestflow op `op_type` reading `inputs` (slot -> variable or constant name,
         a list of them, or None for an absent optional slot). `outputs` names the output
         slots to create (a ("Out", n) pair for a duplicable slot of n variables); `out` binds
         them to ONNX outputs (an index per slot, None for none). An op whose inputs are all
-        constants is folded: its outputs are constants. Returns the output name (a tuple of
+        constants is folded (unless `fold` is False): its outputs are constants. Returns the output name (a tuple of
         them for several slots, a list for a duplicable slot)."""
         graph = self.graph
         attrs = dict(attrs or {})
@@ -203,7 +204,7 @@ class Node:
         specs = [(s, None) if isinstance(s, str) else s for s in outputs]
         binds = list(out) if isinstance(out, (list, tuple)) else [out] + [None] * (len(specs) - 1)
         results: list[Any] = []
-        if flat and graph.foldable(op_type, flat):
+        if flat and fold and graph.foldable(op_type, flat):
             values = graph.fold(op_type, slots, attrs)
             for _spec, value, k in zip(specs, values, binds):
                 base = self._out_base(k, op_type)

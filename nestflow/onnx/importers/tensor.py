@@ -54,11 +54,12 @@ def constant_of_shape(node: Node) -> None:
     value = node.attr("value")
     value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
     shape = node.ints(0, "the shape")
-    if shape is not None:
+    if shape is not None and node.graph.small(shape, value.dtype):
         node.const_output(0, np.full(shape, value[0], value.dtype))
         return
     attrs = {"value": float(value[0]), "dtype": value.dtype.name}
-    node.op("onnx_constant_of_shape", {"Input": node.input(0)}, attrs, out=0)
+    # a known shape too big to compute at import is computed (or refused) when run
+    node.op("onnx_constant_of_shape", {"Input": node.input(0)}, attrs, out=0, fold=False)
 
 
 # ---- shapes and casts ----
@@ -223,11 +224,11 @@ def expand(node: Node) -> None:
     """X broadcast to Shape both ways (NumPy's rule): X plus zeros of Shape."""
     x, dtype = node.input(0), node.dtype(0)
     target = node.ints(1, "the shape")
-    if target is not None:
+    if target is not None and node.graph.small(target, dtype):
         zeros = node.constant(np.zeros(target, dtype))
     else:
         attrs = {"value": 0.0, "dtype": dtype}
-        zeros = node.op("onnx_constant_of_shape", {"Input": node.input(1)}, attrs)
+        zeros = node.op("onnx_constant_of_shape", {"Input": node.input(1)}, attrs, fold=False)
     if dtype == "bool":
         node.op("logical_or", {"X": x, "Y": zeros}, out=0)
     else:
