@@ -28,6 +28,7 @@ from nestflow.executor import (
     prune,
 )
 from nestflow.executor.recurrent_net import RecurrentNet
+from nestflow.flags import get_flags, set_flags
 from nestflow.framework import (
     Block,
     OpDesc,
@@ -113,6 +114,7 @@ __all__ = [
     "default_startup_program",
     "errors",
     "get_variable",
+    "get_flags",
     "get_num_threads",
     "ifelse",
     "BlockOp",
@@ -138,6 +140,7 @@ __all__ = [
     "program_guard",
     "prune",
     "seed",
+    "set_flags",
     "set_num_threads",
     "sigmoid",
     "unique_name",

@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import math
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -68,6 +69,7 @@ from nestflow.core.tensor import Tensor
 from nestflow.errors import (
     AttrError,
     FeedError,
+    NanInfError,
     ParameterFileError,
     ShapeError,
     TypeMismatchError,
@@ -495,8 +497,13 @@ class Model:
 
     # ---- running ----
 
-    def _run_batches(self, mode: str, loader: Any, cbks: Any) -> dict[str, float]:
-        """One pass of `mode` ("train" or "eval") over `loader`; returns its means."""
+    def _run_batches(
+        self, mode: str, loader: Any, cbks: Any, what: str, guard: bool = False
+    ) -> dict[str, float]:
+        """One pass of `mode` ("train" or "eval") over `loader` (`what`: the argument it came
+        from, for errors); returns its means. AttrError when it gives no batch; with `guard`,
+        NanInfError as soon as a step's loss is NaN or Inf, before any callback sees that
+        step."""
         p = self._prepared
         program = p.main if mode == "train" else p.eval
         fetch = ([p.loss] if p.loss else []) + (p.outputs if self._metrics else [])
@@ -512,7 +519,12 @@ class Model:
                 first = np.asarray(next(iter(feed.values())))
                 size = int(first.shape[0]) if first.ndim else 1
                 if p.loss:
-                    loss_sum += float(values[0].item()) * size
+                    loss = float(values[0].item())
+                    # The loss is on the host already: checking it costs nothing next to a
+                    # step, unlike scanning every parameter.
+                    if guard and not math.isfinite(loss):
+                        raise _non_finite_loss(loss, self.epoch, step, feed)
+                    loss_sum += loss * size
                     values = values[1:]
                 seen += size
                 for metric in self._metrics:
@@ -520,6 +532,11 @@ class Model:
                 logs = self._means(loss_sum, seen)
                 logs.update(step=step, batch_size=size)
                 cbks.call(end, step, logs)
+        if not seen:
+            raise AttrError(
+                f"Model.{what} gave no batch ({_describe_data(loader)}), so nothing was "
+                "computed; give it at least one sample (with drop_last, at least batch_size)"
+            )
         return self._means(loss_sum, seen)
 
     def _means(self, loss_sum: float, seen: int) -> dict[str, float]:
@@ -547,6 +564,7 @@ class Model:
         shuffle: bool = True,
         num_workers: int = 0,
         callbacks: Any = None,
+        terminate_on_nan: bool = True,
     ) -> list[dict[str, float]]:
         """Train `epochs` more epochs (counted on from `self.epoch`, so a loaded checkpoint's
         run goes on where it stopped); returns each epoch's logs.
@@ -559,9 +577,21 @@ class Model:
         `verbose`: 0 silent, 1 a progress bar on a terminal and one line per epoch otherwise, 2
         one line per epoch (ProgBarLogger, refreshed every `log_freq` steps). `save_dir`:
         ModelCheckpoint saves every `save_freq` epochs there, and `final`. `callbacks`: see
-        nf.callbacks. Before prepare(optimizer, loss): UninitializedError.
+        nf.callbacks. Before prepare(optimizer, loss): UninitializedError. Data that gives no
+        batch (a dataset of length 0): AttrError naming it.
+
+        `terminate_on_nan` (Keras's TerminateOnNaN, on by default): a step whose loss is NaN
+        or Inf ends fit with a NanInfError naming the epoch, the step and the batch's
+        non-finite inputs, raised before any callback sees that step, so no checkpoint is
+        written after it and the last one saved holds finite parameters (the model's own
+        parameters have taken that step's update: load the checkpoint to go on).
+        nf.set_flags({"check_nan_inf": True}) finds the op that made the first NaN.
         """
         self._require("fit", optimizer=True)
+        if not isinstance(terminate_on_nan, bool):
+            raise AttrError(
+                f"Model.fit: terminate_on_nan must be True or False, got {terminate_on_nan!r}"
+            )
         if num_workers != 0:
             raise AttrError(
                 f"Model.fit: num_workers={num_workers!r}; nf.io.DataLoader has no worker "
@@ -599,9 +629,11 @@ class Model:
             epoch = self.epoch
             self._set_epoch(train_loader, epoch)
             cbks.call("on_epoch_begin", epoch, {})
-            logs = self._run_batches("train", train_loader, cbks)
+            logs = self._run_batches(
+                "train", train_loader, cbks, "fit: train_data", terminate_on_nan
+            )
             if eval_loader is not None and epoch % eval_freq == 0:
-                evaluated = self._evaluate(eval_loader, cbks)
+                evaluated = self._evaluate(eval_loader, cbks, "fit: eval_data")
                 logs.update({f"eval_{k}": v for k, v in evaluated.items()})
             self.epoch = epoch + 1
             cbks.call("on_epoch_end", epoch, logs)
@@ -613,9 +645,9 @@ class Model:
         cbks.call("on_train_end", logs)
         return history
 
-    def _evaluate(self, loader: Any, cbks: Any) -> dict[str, float]:
+    def _evaluate(self, loader: Any, cbks: Any, what: str) -> dict[str, float]:
         cbks.call("on_eval_begin", {"steps": _length(loader)})
-        logs = self._run_batches("eval", loader, cbks)
+        logs = self._run_batches("eval", loader, cbks, what)
         cbks.call("on_eval_end", logs)
         return logs
 
@@ -642,7 +674,7 @@ class Model:
             batch_size=batch_size,
             do_eval=True,
         )
-        return self._evaluate(loader, cbks)
+        return self._evaluate(loader, cbks, "evaluate: eval_data")
 
     def predict(
         self,
@@ -903,6 +935,42 @@ def _batches(loader: Any) -> Iterator[Iterator[Any]]:
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+
+
+def _non_finite_loss(loss: float, epoch: int, step: int, feed: dict[str, Any]) -> NanInfError:
+    """fit's error for a step whose loss is `loss` (NaN or Inf): where, and which rows of the
+    batch's inputs were not finite (none: the network made the NaN itself)."""
+    bad = []
+    for name, value in feed.items():
+        array = np.asarray(value)
+        if array.dtype.kind in "fc" and array.ndim and not np.isfinite(array).all():
+            rows = np.flatnonzero(~np.isfinite(array.reshape(len(array), -1)).all(axis=1))
+            shown = rows[:10].tolist()
+            more = f" and {len(rows) - len(shown)} more" if len(rows) > len(shown) else ""
+            bad.append(f"'{name}' at rows {shown}{more}")
+    source = (
+        "the batch holds NaN or Inf in " + ", ".join(bad)
+        if bad
+        else "the batch's inputs are all finite: nf.set_flags({'check_nan_inf': True}) names "
+        "the op that made the first NaN or Inf"
+    )
+    return NanInfError(
+        f"Model.fit: the loss is {loss} at epoch {epoch}, step {step} (batch {step} of the "
+        f"epoch); {source}. Training stopped before any callback saw this step, so no "
+        "checkpoint was written after it; the model's parameters have taken its update "
+        "(load the last checkpoint to go on, or fit with terminate_on_nan=False)"
+    )
+
+
+def _describe_data(loader: Any) -> str:
+    """What `loader` reads, for errors: its dataset's type and length, or its own type."""
+    dataset = getattr(loader, "dataset", None)
+    if dataset is not None:
+        return f"{type(dataset).__name__} of length {len(dataset)}, by {type(loader).__name__}"
+    arrays = getattr(loader, "arrays", None)
+    if arrays is not None:
+        return f"arrays of {len(arrays[0])} samples"
+    return type(loader).__name__
 
 
 def _length(loader: Any) -> int | None:

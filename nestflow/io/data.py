@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from nestflow.errors import AttrError, DTypeError, ShapeError
+from nestflow.errors import AttrError, DTypeError, ExecutionError, NestflowError, ShapeError
 
 __all__ = [
     "BatchSampler",
@@ -120,9 +120,11 @@ def _collate(batch: Sequence[Any], where: str) -> Any:
         arrays = [np.asarray(s) for s in batch]
         shapes = {a.shape for a in arrays}
         if len(shapes) != 1:
+            odd = next(i for i, a in enumerate(arrays) if a.shape != arrays[0].shape)
             raise ShapeError(
                 f"default_collate: {where} has shapes {sorted(map(list, shapes))} across the "
-                "batch; pad them in a collate_fn (nf.io.pad_sequences)"
+                f"batch (the batch's sample {odd}: {list(arrays[odd].shape)}, sample 0: "
+                f"{list(arrays[0].shape)}); pad them in a collate_fn (nf.io.pad_sequences)"
             )
         return np.stack(arrays)
     raise DTypeError(
@@ -177,12 +179,19 @@ def _flag(value: Any, what: str) -> bool:
 
 
 def _dataset_length(dataset: Any, what: str) -> int:
+    """len(dataset); AttrError naming `what` and the dataset when it is not a map-style dataset
+    or its __len__ is not an int >= 0 (len() would raise a bare ValueError or TypeError)."""
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise AttrError(
             f"{what} needs a map-style dataset (with __getitem__ and __len__), got "
             f"{type(dataset).__name__}"
         )
-    return len(dataset)
+    length = dataset.__len__()
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+        raise AttrError(
+            f"{what}: {type(dataset).__name__}.__len__() must return an int >= 0, got {length!r}"
+        )
+    return int(length)
 
 
 class BatchSampler:
@@ -316,9 +325,17 @@ class DataLoader:
     into `collate_fn([dataset[i] for i in indices])` (default: default_collate, stacking each
     field into an array [B, ...]). With `prefetch` > 0 a thread prepares up to `prefetch` batches
     ahead into a bounded queue; 0 prepares them in the caller's thread. An exception raised by
-    the dataset or collate_fn is raised again in the loop, with its traceback. Leaving the loop
-    early (break, an exception, the iterator dropped) stops the thread and waits for it; no
-    thread outlives its iterator.
+    the dataset or collate_fn is raised again in the loop as an nf.errors error naming the
+    sample's index (`MyDataset[7]: ...`) or the batch's indices, the original as its
+    __cause__ (an nf.errors error keeps its class, anything else becomes an ExecutionError).
+    A dataset whose __len__ is not an int >= 0 is an AttrError.
+
+    Leaving the loop early (break, an exception, Ctrl-C, the iterator dropped) stops the thread
+    and waits up to JOIN_TIMEOUT_S for it, so an interrupt returns promptly whatever the
+    dataset does: a thread still inside the dataset then (a __getitem__ blocked on I/O, say)
+    is abandoned. It is a daemon thread; it starts no further batch and ends once the batch it
+    is loading is done, and that batch is discarded. Until then it may still be calling the
+    dataset while the next epoch's thread does too.
 
     `seed`: the shuffle's seed; None draws one from nestflow's global generator (so nf.seed(n)
     fixes it). `batch_sampler`: any iterable of index lists, used instead of batch_size,
@@ -381,13 +398,32 @@ class DataLoader:
     def __iter__(self) -> Iterator[Any]:
         batches = iter(self.batch_sampler)
         dataset, collate = self.dataset, self.collate_fn
+        name = type(dataset).__name__
 
         def load(indices: Sequence[int]) -> Any:
-            return collate([dataset[i] for i in indices])
+            samples = []
+            for i in indices:
+                try:
+                    samples.append(dataset[i])
+                except Exception as exc:
+                    raise _naming(exc, f"{name}[{i}]") from exc
+            try:
+                return collate(samples)
+            except Exception as exc:
+                raise _naming(exc, f"collating {name}'s samples {list(indices)}") from exc
 
         if self.prefetch == 0:
             return (load(indices) for indices in batches)
         return _PrefetchIterator(batches, load, self.prefetch)
+
+
+def _naming(error: Exception, where: str) -> NestflowError:
+    """`error`, raised by a dataset or collate_fn, as an nf.errors error whose message starts
+    with `where` (the sample's index, the batch's indices): an nf.errors error keeps its
+    class, anything else becomes an ExecutionError (the original is its __cause__)."""
+    if isinstance(error, NestflowError):
+        return type(error)(f"{where}: {error.message}", location=error.location)
+    return ExecutionError(f"{where} failed: {type(error).__name__}: {error}")
 
 
 class _End:
@@ -405,6 +441,9 @@ class _Failure:
 
 # How often a prefetch thread waiting on a full queue checks whether its consumer stopped.
 _PUT_POLL_S = 0.05
+# How long closing an iterator waits for its prefetch thread, which may be stuck in a
+# dataset's __getitem__ (after that the thread is abandoned, see DataLoader).
+JOIN_TIMEOUT_S = 1.0
 
 
 def _prefetch(batches: Iterator, load: Callable, slots: queue.Queue, stop: threading.Event) -> None:
@@ -432,7 +471,7 @@ def _prefetch(batches: Iterator, load: Callable, slots: queue.Queue, stop: threa
 
 class _PrefetchIterator:
     """One epoch's batches, loaded `depth` ahead by a thread; `close()` (also on break, error
-    or garbage collection) stops and joins it."""
+    or garbage collection) stops it and waits for it, JOIN_TIMEOUT_S at most."""
 
     def __init__(self, batches: Iterator, load: Callable, depth: int):
         self._slots: queue.Queue = queue.Queue(maxsize=depth)
@@ -461,7 +500,9 @@ class _PrefetchIterator:
         return item
 
     def close(self) -> None:
-        """Stop the thread and wait for it (it finishes at most the batch it is loading)."""
+        """Stop the thread and wait for it, JOIN_TIMEOUT_S at most: it finishes at most the
+        batch it is loading, and one still loading after that is left to end on its own (its
+        batch discarded), so closing never hangs on a dataset."""
         self._stop.set()
         while True:  # free the queue so a thread blocked on put() sees the stop at once
             try:
@@ -469,7 +510,7 @@ class _PrefetchIterator:
             except queue.Empty:
                 break
         if self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(JOIN_TIMEOUT_S)
 
     def __del__(self) -> None:
         if hasattr(self, "_thread"):

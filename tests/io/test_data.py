@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import nestflow as nf
-from nestflow.errors import AttrError, DTypeError, ShapeError
+from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
 
 
 def _loader_threads() -> list[threading.Thread]:
@@ -126,10 +126,11 @@ def test_collate_fn_exception_surfaces_in_the_loop_with_its_traceback():
 
     loader = nf.io.DataLoader(Squares(6), batch_size=2, collate_fn=collate_second_batch_fails)
     got = []
-    with pytest.raises(ValueError, match="cannot collate 2 samples") as info:
+    with pytest.raises(ExecutionError, match=r"samples \[2, 3\].*cannot collate 2") as info:
         for batch in loader:
             got.append(batch[1].tolist())
     assert got == [[0, 1]]
+    assert isinstance(info.value.__cause__, ValueError)  # the collate_fn's own, chained
     text = "".join(traceback.format_exception(info.value))
     assert "in collate_second_batch_fails" in text
     assert 'raise ValueError(f"cannot collate' in text  # the failing line itself
@@ -144,8 +145,9 @@ def test_dataset_exception_surfaces_with_its_traceback(prefetch):
             return super().__getitem__(index)
 
     loader = nf.io.DataLoader(Broken(8), batch_size=2, prefetch=prefetch)
-    with pytest.raises(KeyError, match="sample 3 is missing") as info:
+    with pytest.raises(ExecutionError, match=r"Broken\[3\] failed: KeyError.*sample 3") as info:
         list(loader)
+    assert isinstance(info.value.__cause__, KeyError)  # the dataset's own, chained
     assert "in __getitem__" in "".join(traceback.format_exception(info.value))
 
 
@@ -322,3 +324,82 @@ def test_dataloader_with_a_distributed_batch_sampler():
         seen.append(_epoch_indices(loader))
     assert set(seen[0]) | set(seen[1]) == set(range(9))
     assert len(seen[0]) == len(seen[1]) == 5
+
+
+class Lengthed(Squares):
+    """Squares whose __len__ returns whatever it was given."""
+
+    def __init__(self, length):
+        super().__init__(4)
+        self.length = length
+
+    def __len__(self):
+        return self.length
+
+
+@pytest.mark.parametrize("length", [-1, 7.5, "3", True])
+def test_a_len_that_is_no_count_is_an_attr_error_naming_the_dataset(length):
+    """Issue 32 item 12: len() would raise a bare ValueError (-1) or TypeError (7.5)."""
+    for make in (nf.io.DataLoader, nf.io.BatchSampler):
+        with pytest.raises(AttrError, match=r"Lengthed\.__len__\(\) must return an int >= 0"):
+            make(Lengthed(length))
+
+
+def test_a_collate_shape_error_names_the_odd_sample_and_the_batch_indices():
+    """Issue 32 item 12: the ShapeError says which sample of which batch has the odd shape."""
+
+    class Ragged(Squares):
+        def __getitem__(self, index):
+            return np.zeros(3 if index == 5 else 2, "float32")
+
+    with pytest.raises(ShapeError) as info:
+        list(nf.io.DataLoader(Ragged(6), batch_size=3))
+    message = str(info.value)
+    assert "Ragged's samples [3, 4, 5]" in message
+    assert "the batch's sample 2: [3], sample 0: [2]" in message
+    with pytest.raises(ShapeError, match=r"the batch's sample 1: \[3\]"):
+        nf.io.default_collate([np.zeros(2), np.zeros(3)])
+
+
+def test_a_dataset_nestflow_error_keeps_its_class_and_names_the_index():
+    class Strict(Squares):
+        def __getitem__(self, index):
+            if index == 2:
+                raise ShapeError("sample too short")
+            return super().__getitem__(index)
+
+    with pytest.raises(ShapeError, match=r"^Strict\[2\]: sample too short$"):
+        list(nf.io.DataLoader(Strict(4), batch_size=2, prefetch=0))
+
+
+class Blocking(Squares):
+    """Samples from index `block_at` on wait for `release` (a __getitem__ stuck on I/O)."""
+
+    def __init__(self, n: int, block_at: int):
+        super().__init__(n)
+        self.block_at = block_at
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def __getitem__(self, index):
+        if index >= self.block_at:
+            self.entered.set()
+            self.release.wait()
+        return super().__getitem__(index)
+
+
+def test_closing_does_not_wait_for_ever_on_a_blocked_dataset():
+    """Issue 32 item 10: leaving the loop while the prefetch thread is stuck in __getitem__
+    returns after JOIN_TIMEOUT_S at most; the abandoned thread ends once the dataset returns."""
+    data = Blocking(8, block_at=2)
+    batches = iter(nf.io.DataLoader(data, batch_size=2))
+    next(batches)
+    assert data.entered.wait(5)
+    start = time.perf_counter()
+    batches.close()
+    assert time.perf_counter() - start < nf.io.data.JOIN_TIMEOUT_S + 1
+    (thread,) = _loader_threads()
+    assert thread.daemon
+    data.release.set()
+    thread.join(5)
+    assert not thread.is_alive()
