@@ -57,6 +57,11 @@ class UninitializedError(NestflowError, RuntimeError):
     """A Variable holds nothing yet, or a Tensor has no memory yet."""
 
 
+class PlaceError(NestflowError, RuntimeError):
+    """A place that cannot be used here (no CuPy, no CUDA driver, no such device), or a value
+    that lives on another place than the one asked for."""
+
+
 class ShapeError(NestflowError, ValueError):
     """Shapes of an op's inputs do not fit together (found at build time or run time)."""
 

@@ -1,6 +1,7 @@
 """The runtime core: Place, Tensor, Variable, Scope. Knows nothing of protobuf or operators."""
 
-from nestflow.core.place import CPUPlace, CUDAPlace, Place, is_compiled_with_cuda
+from nestflow.core.device_context import DeviceContext, device_context
+from nestflow.core.place import CPUPlace, CUDAPlace, Place, StandInPlace, is_compiled_with_cuda
 from nestflow.core.scope import Scope, live_scope_count
 from nestflow.core.tensor import Tensor
 from nestflow.core.variable import Variable
@@ -8,10 +9,13 @@ from nestflow.core.variable import Variable
 __all__ = [
     "CPUPlace",
     "CUDAPlace",
+    "DeviceContext",
     "Place",
     "Scope",
+    "StandInPlace",
     "Tensor",
     "Variable",
+    "device_context",
     "is_compiled_with_cuda",
     "live_scope_count",
 ]

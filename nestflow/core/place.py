@@ -1,14 +1,21 @@
-"""Places: where a Tensor's memory lives. CPUPlace uses NumPy; CUDAPlace uses CuPy when present."""
+"""Places: where a Tensor's memory lives and its ops run (seed 004's `op->Run(scope, place)`).
+
+CPUPlace is host memory (NumPy); CUDAPlace(i) is GPU i through CuPy; StandInPlace(i) is a
+stand-in for a GPU on the host (nestflow.core.standin), on which the device code paths run
+and fail as they would on a GPU. What runs on a place is its DeviceContext
+(nestflow.core.device_context); a Place itself only names the memory.
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
 
-from nestflow.errors import NestflowError
+from nestflow.errors import PlaceError
 
 
 class Place:
@@ -19,11 +26,15 @@ class Place:
     (True, True)
     """
 
+    # True for places whose memory the host cannot read directly (CUDA, the stand-in).
+    is_device = False
+
     @property
     def array_module(self) -> ModuleType:
         raise NotImplementedError
 
-    def to_host(self, array):
+    def to_host(self, array) -> np.ndarray:
+        """`array` (of this place) as a host NumPy array: the array itself on the CPU."""
         return np.asarray(array)
 
 
@@ -45,28 +56,61 @@ class CPUPlace(Place):
 
 
 def is_compiled_with_cuda() -> bool:
-    """True when CuPy is importable, so CUDAPlace can allocate."""
+    """True when CuPy is importable, so CUDAPlace can allocate (a GPU must be present too).
+
+    >>> isinstance(nf.is_compiled_with_cuda(), bool)
+    True
+    """
     return importlib.util.find_spec("cupy") is not None
+
+
+@functools.cache
+def cuda_device_count() -> int:
+    """The number of CUDA devices CuPy sees; PlaceError when CuPy or the driver is missing."""
+    if not is_compiled_with_cuda():
+        raise PlaceError(
+            "CUDA needs CuPy, which is not installed: pip install 'nestflow[cuda]' "
+            "(cupy-cuda12x; CUDA 13: cupy-cuda13x), or use nf.CPUPlace()"
+        )
+    import cupy
+
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as err:  # CUDARuntimeError: no driver, or a driver too old for CuPy
+        raise PlaceError(
+            f"CuPy is installed but cannot reach a CUDA driver ({err}); use nf.CPUPlace()"
+        ) from None
 
 
 @dataclass(frozen=True)
 class CUDAPlace(Place):
-    """GPU memory through CuPy; creating one without CuPy raises NestflowError.
+    """GPU `device_id`'s memory, CuPy arrays. PlaceError at construction without CuPy, without
+    a CUDA driver, or without that device.
 
     >>> try:
     ...     place = nf.CUDAPlace(0)
-    ... except nf.errors.NestflowError:  # no CuPy here: fall back to the host
+    ... except nf.errors.PlaceError:  # no GPU here: run on the host
     ...     place = nf.CPUPlace()
     >>> place.array_module.zeros(2).shape
     (2,)
     """
 
     device_id: int = 0
+    is_device = True
 
     def __post_init__(self):
-        if not is_compiled_with_cuda():
-            raise NestflowError(
-                f"CUDAPlace({self.device_id}) needs CuPy, which is not installed; use nf.CPUPlace()"
+        if isinstance(self.device_id, bool) or not isinstance(self.device_id, int):
+            raise PlaceError(f"CUDAPlace(device_id): an int, got {self.device_id!r}")
+        try:
+            count = cuda_device_count()
+        except PlaceError as err:
+            raise PlaceError(f"CUDAPlace({self.device_id}): {err.message}") from None
+        if not 0 <= self.device_id < count:
+            raise PlaceError(
+                f"CUDAPlace({self.device_id}): there is no CUDA device {self.device_id} "
+                f"({count} found: ids 0..{count - 1})"
+                if count
+                else f"CUDAPlace({self.device_id}): the CUDA driver reports no device"
             )
 
     @property
@@ -75,8 +119,54 @@ class CUDAPlace(Place):
 
         return cupy
 
-    def to_host(self, array):
+    def to_host(self, array) -> np.ndarray:
         return array.get() if hasattr(array, "get") else np.asarray(array)
 
     def __repr__(self) -> str:
         return f"CUDAPlace({self.device_id})"
+
+
+@dataclass(frozen=True)
+class StandInPlace(Place):
+    """A stand-in for GPU `device_id` on the host: NumPy memory behind a CuPy-like module whose
+    arrays refuse implicit conversion to NumPy, so device code paths run (and a hidden host
+    transfer fails) on machines without a GPU. Results equal CPUPlace's.
+
+    >>> t = nf.Tensor(nf.core.StandInPlace(0))
+    >>> t.set(np.ones(2, "float32"))
+    >>> type(t.data()).__name__, t.numpy().tolist()
+    ('StandInArray', [1.0, 1.0])
+    """
+
+    device_id: int = 0
+    is_device = True
+
+    @property
+    def array_module(self) -> ModuleType:
+        from nestflow.core.standin import xp
+
+        return xp
+
+    def to_host(self, array) -> np.ndarray:
+        from nestflow.core.standin import asnumpy
+
+        return asnumpy(array)
+
+    def __repr__(self) -> str:
+        return f"StandInPlace({self.device_id})"
+
+
+_HOST = CPUPlace()
+
+
+def place_of(array) -> Place:
+    """The place an array lives on: CUDAPlace(i) for a CuPy array on GPU i, StandInPlace(0)
+    for a stand-in array, CPUPlace() for anything else."""
+    kind = type(array)
+    if kind is np.ndarray:
+        return _HOST
+    if kind.__name__ == "StandInArray":
+        return StandInPlace(0)
+    if hasattr(array, "__cuda_array_interface__") and hasattr(array, "device"):
+        return CUDAPlace(int(array.device.id))
+    return _HOST

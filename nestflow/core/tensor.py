@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nestflow.core.dtype import dtype_name
-from nestflow.core.place import CPUPlace, Place
+from nestflow.core.place import CPUPlace, Place, place_of
 from nestflow.errors import DTypeError, ShapeError, UninitializedError
 
 
@@ -34,8 +34,10 @@ class Tensor:
     """A possibly unallocated n-d array on a Place.
 
     `mutable_data(shape, dtype)` allocates, and reallocates only when shape or dtype changes;
-    `data()` raises UninitializedError before that. Interchanges with NumPy (`__array__`) and,
-    zero-copy, with PyTorch/JAX (`__dlpack__`).
+    `data()` raises UninitializedError before that. The data lives on `place` (a NumPy array on
+    CPUPlace, a CuPy array on CUDAPlace); `numpy()` copies it to the host, `to(place)` copies
+    it to another place. Interchanges with NumPy (`__array__`) and, zero-copy, with
+    PyTorch/CuPy/JAX (`__dlpack__`, `Tensor.from_dlpack`).
 
     >>> t = nf.Tensor()
     >>> t.is_allocated()
@@ -55,12 +57,54 @@ class Tensor:
         self.place = place if place is not None else _HOST
 
     @classmethod
-    def _holding(cls, array) -> Tensor:
-        """A host Tensor holding `array` itself (no copy): how a scope keeps a computed value."""
+    def _holding(cls, array, place: Place | None = None) -> Tensor:
+        """A Tensor holding `array` itself (no copy) on its place: how a scope keeps a computed
+        value."""
         tensor = cls.__new__(cls)
         tensor._array = array
-        tensor.place = _HOST
+        tensor.place = place if place is not None else place_of(array)
         return tensor
+
+    @classmethod
+    def from_dlpack(cls, source) -> Tensor:
+        """A Tensor sharing the memory of `source`, any object with `__dlpack__` (a PyTorch,
+        CuPy or JAX array): zero-copy; host memory becomes a CPUPlace tensor, CUDA memory a
+        CUDAPlace one. PlaceError for memory of another kind of device.
+
+        >>> import torch
+        >>> t = nf.Tensor.from_dlpack(torch.arange(3.0))
+        >>> t.place, t.numpy().tolist()
+        (CPUPlace(), [0.0, 1.0, 2.0])
+        """
+        from nestflow.errors import PlaceError
+
+        try:
+            device_type, device_id = source.__dlpack_device__()
+        except AttributeError:
+            raise PlaceError(
+                f"Tensor.from_dlpack needs an object with __dlpack__, got {type(source).__name__}"
+            ) from None
+        if device_type == 1:  # kDLCPU
+            return cls._holding(np.from_dlpack(source), _HOST)
+        if device_type == 2:  # kDLCUDA
+            import cupy
+
+            return cls._holding(cupy.from_dlpack(source))
+        raise PlaceError(f"Tensor.from_dlpack: DLPack device type {device_type} is not supported")
+
+    def to(self, place: Place) -> Tensor:
+        """A copy of this tensor on `place` (this tensor itself if it is already there).
+
+        >>> t = nf.Tensor(); t.set(np.arange(3.0))
+        >>> t.to(nf.CPUPlace()) is t
+        True
+        """
+        if place == self.place:
+            return self
+        from nestflow.core.device_context import device_context
+
+        host = self.place.to_host(self.data())
+        return Tensor._holding(device_context(place).to_device(host), place)
 
     def is_allocated(self) -> bool:
         return self._array is not None
@@ -109,6 +153,10 @@ class Tensor:
     def set(self, array, place: Place | None = None) -> None:
         """Hold a copy of `array` (any array-like)."""
         place = place if place is not None else self.place
+        if isinstance(array, Tensor):
+            array = array.data()
+        if place_of(array) != place and place_of(array) != _HOST:
+            array = place_of(array).to_host(array)
         try:
             copy = place.array_module.array(array, copy=True)
         except (ValueError, TypeError) as err:
@@ -120,6 +168,11 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """A host NumPy copy of the data."""
         return np.array(self.place.to_host(self.data()), copy=True)
+
+    @property
+    def xp(self):
+        """The array module of the tensor's place (NumPy, CuPy or the stand-in)."""
+        return self.place.array_module
 
     def __array__(self, dtype=None, copy=None):
         arr = self.place.to_host(self.data())

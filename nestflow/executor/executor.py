@@ -7,14 +7,14 @@ and dropped when it completes ("destroy when minibatch completes").
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from nestflow.core.device_context import DeviceContext, device_context
 from nestflow.core.memory import keep_freed_memory
-from nestflow.core.place import CPUPlace, Place
+from nestflow.core.place import CPUPlace, Place, place_of
 from nestflow.core.scope import _NOTHING_HELD, Scope
 from nestflow.core.tensor import Tensor
 from nestflow.errors import (
@@ -27,6 +27,7 @@ from nestflow.errors import (
 )
 from nestflow.executor import plan as plan_module
 from nestflow.executor.plan import BlockPlan, Frame
+from nestflow.flags import FLAGS
 from nestflow.framework.nesting import hold_stack_room, nesting_depth, release_stack_room
 from nestflow.framework.program import Block, Program, VarDesc, default_main_program
 from nestflow.ops.random_state import program_generator
@@ -49,10 +50,11 @@ def global_scope() -> Scope:
 class _ProgramPlan:
     """A BlockPlan of a program's global block plus what a run needs to bind it to a scope."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, device: DeviceContext):
         self.version = program.version
+        self.device = device
         block = program.global_block()
-        self.block_plan = BlockPlan(block)
+        self.block_plan = BlockPlan(block, device)
         plan = self.block_plan
         self.persistable_reads = []
         self.required_feeds = []
@@ -77,8 +79,12 @@ class _ProgramPlan:
 
 
 class Executor:
-    """Runs programs on a Place. Plans are prepared once per program version and reused (by
-    every executor: a plan depends on the program alone).
+    """Runs programs on a Place. Plans are prepared once per program version and place, and
+    reused by every executor of that place.
+
+    On a device place (CUDAPlace, StandInPlace) feeds are moved to the device once per run,
+    persistables are moved there when first read and stay there between runs, and fetches
+    come back as NumPy arrays (`return_numpy=False`: nf.Tensors on the device).
 
     >>> x = nf.data("x", shape=[-1, 2], dtype="float32")
     >>> ones = nf.ParamAttr(initializer=nf.initializer.Constant(1.0))
@@ -89,33 +95,40 @@ class Executor:
     [array([[3.]], dtype=float32)]
     """
 
-    def __init__(self, place: Place | None = None, check_nan_inf: bool = False):
+    def __init__(self, place: Place | None = None, check_nan_inf: bool | None = None):
         if place is not None and not isinstance(place, Place):
             raise TypeMismatchError(
                 f"Executor(place): place must be a Place such as nf.CPUPlace(), got "
                 f"{type(place).__name__} {place!r}"
             )
-        if place is not None and not isinstance(place, CPUPlace):
-            # Fluid scripts pick CUDAPlace whenever CuPy is found: they keep working, on the
-            # host, but not without saying so.
-            warnings.warn(
-                f"Executor({place!r}): nestflow runs every kernel on the CPU with NumPy, so "
-                "this program runs on the host, not the GPU (feeds, parameters and fetches "
-                "stay in host memory); pass nf.CPUPlace() to say so",
-                RuntimeWarning,
-                stacklevel=2,
-            )
         self.place = place if place is not None else CPUPlace()
-        self.check_nan_inf = check_nan_inf
+        self.device = device_context(self.place)
+        self._check_nan_inf = check_nan_inf
         keep_freed_memory()
 
-    @staticmethod
-    def _plan(program: Program) -> _ProgramPlan:
+    @property
+    def check_nan_inf(self) -> bool:
+        """Whether runs check every op's outputs for NaN/Inf: as given to the constructor,
+        else (None) nf's `check_nan_inf` flag at each run (nf.set_flags)."""
+        checking = self._check_nan_inf
+        return FLAGS["check_nan_inf"] if checking is None else checking
+
+    @check_nan_inf.setter
+    def check_nan_inf(self, value: bool | None) -> None:
+        self._check_nan_inf = value
+
+    def _plan(self_or_program, program: Program | None = None) -> _ProgramPlan:
+        """The prepared plan of `program` for this executor's place (called on the class,
+        `Executor._plan(program)`: for CPUPlace)."""
+        if program is None:
+            program, device = self_or_program, device_context()
+        else:
+            device = self_or_program.device
         # The plan lives on the program (it depends on nothing else), so it goes when the
         # program goes; a cache keyed by the program would keep it alive through the plan.
         plan = program.__dict__.get("_prepared_plan")
-        if plan is None or plan.version != program.version:
-            plan = program.__dict__["_prepared_plan"] = _ProgramPlan(program)
+        if plan is None or plan.version != program.version or plan.device is not device:
+            plan = program.__dict__["_prepared_plan"] = _ProgramPlan(program, device)
         return plan
 
     def run(
@@ -163,6 +176,8 @@ class Executor:
             fed_only = self._bind_feeds(prepared, block, env, feed) if feed else None
             if checking and feed:
                 _check_feeds_finite(feed, plan, env, fed_only)
+            if feed and self.place.is_device:
+                self._move_feeds(plan, env, feed)
             if prepared.persistable_reads:
                 self._bind_persistables(prepared, scope, env, feed)
             for name in prepared.required_feeds:
@@ -170,13 +185,16 @@ class Executor:
                     value = _scope_value(scope, name)
                     if value is None:
                         raise FeedError(_missing_feed_message(plan, name))
+                    if not self.device.owns(value):
+                        value = self._moved(scope, name, value)
                     env[plan.slot_of[name]] = value
             keep = frozenset(fetch_names)
-            if program.random_seed:
-                with program_generator(program):
+            with self.device.activate():
+                if program.random_seed:
+                    with program_generator(program):
+                        frame.run(keep=keep)
+                else:
                     frame.run(keep=keep)
-            else:
-                frame.run(keep=keep)
             results = [self._fetch(frame, local, name, fed_only) for name in fetch_names]
             for slot, name in prepared.persistable_writes:
                 value = env[slot]
@@ -191,7 +209,29 @@ class Executor:
             # A fetch may be a parameter's own array (or a view of one): the caller gets a
             # copy, so writing into it cannot change the scope behind the executor's back.
             results = [r.copy() if type(r) is np.ndarray else _to_numpy(r) for r in results]
+        elif self.place.is_device:
+            results = [
+                Tensor._holding(r, self.place) if self.device.owns(r) else r for r in results
+            ]
         return results
+
+    def _move_feeds(self, plan: BlockPlan, env: list, feed: Mapping[Any, Any]) -> None:
+        """The fed arrays bound in `env`, moved to this executor's device (once per run)."""
+        to_device = self.device.to_device
+        for name in feed:
+            slot = plan.slot_of.get(_fetch_name(name))
+            if slot is not None and env[slot] is not None:
+                env[slot] = to_device(env[slot])
+
+    def _moved(self, scope: Scope, name: str, value: Any) -> Any:
+        """A persistable (or scope-held) array of another place, copied to this executor's
+        place and kept there in the scope, so it stays on the device between runs."""
+        if not hasattr(value, "shape"):
+            return value  # not an array (a list of step scopes, a SelectedRows...)
+        source = place_of(value)
+        moved = self.device.to_device(source.to_host(value) if source.is_device else value)
+        _store(_owning_scope(scope, name), name, moved)
+        return moved
 
     def _bind_feeds(
         self, prepared: _ProgramPlan, block: Block, env: list, feed: Mapping[str, Any]
@@ -217,6 +257,12 @@ class Executor:
                     env[known[0]] = value
                 continue
             name, array = checked_feed(block, name, value)
+            if type(array) is not np.ndarray and not self.place.is_device:
+                raise FeedError(
+                    f"feed '{name}' is an array on {place_of(array)!r}, but this executor runs "
+                    f"on {self.place!r}: copy it to the host first (CuPy: x.get()) or run the "
+                    "program on its place"
+                )
             slot = slot_of.get(name)
             if slot is None:
                 fed_only = fed_only or {}
@@ -227,6 +273,7 @@ class Executor:
         return fed_only
 
     def _bind_persistables(self, prepared: _ProgramPlan, scope: Scope, env: list, feed):
+        owns = self.device.owns
         for slot, name in prepared.persistable_reads:
             if env[slot] is not None:
                 continue
@@ -237,6 +284,8 @@ class Executor:
                     f"run the startup program first (needed by "
                     f"{_first_reader(prepared.block_plan, name)})"
                 )
+            if not owns(value):
+                value = self._moved(scope, name, value)
             env[slot] = value
 
     def _fetch(self, frame: Frame, local: Scope, name: str, fed_only: dict | None) -> Any:
@@ -595,13 +644,22 @@ def _search_kid_scopes(scope: Scope, name: str) -> Any:
 
 def _store(scope: Scope, name: str, value: Any) -> None:
     var = scope.var(name)
-    if isinstance(value, np.ndarray):
+    if hasattr(value, "__array_function__") and hasattr(value, "shape"):  # NumPy/CuPy arrays
         tensor = var._value
         if not isinstance(tensor, Tensor):
             tensor = var.get_mutable(Tensor)
         tensor._array = value
+        if type(value) is not np.ndarray or tensor.place.is_device:
+            tensor.place = place_of(value)
     else:
         var.set_value(value)
+
+
+def _owning_scope(scope: Scope, name: str) -> Scope:
+    """The scope of `scope`'s chain that holds `name`."""
+    while scope.find_local_var(name) is None and scope.parent is not None:
+        scope = scope.parent
+    return scope
 
 
 def _fetch_name(target: VarDesc | str) -> str:
@@ -615,6 +673,8 @@ def _to_numpy(value: Any) -> Any:
         # A fetch may be a parameter's own array (or a view of one): the caller gets a copy so
         # writing into it cannot change the scope behind the executor's back.
         return value.copy()
+    if hasattr(value, "__array_function__") and hasattr(value, "shape"):  # a device array
+        return place_of(value).to_host(value)
     return value
 
 
@@ -673,6 +733,8 @@ def check_feed(desc: VarDesc, value: Any) -> np.ndarray:
     or when casting to the variable's dtype would change a value."""
     if isinstance(value, Tensor):
         value = value.data()
+    if hasattr(value, "__array_function__") and type(value) is not np.ndarray:
+        return _check_device_feed(desc, value)
     try:
         array = np.asarray(value)
     except (ValueError, TypeError) as err:
@@ -697,6 +759,28 @@ def check_feed(desc: VarDesc, value: Any) -> np.ndarray:
             f"{list(desc.shape)} (-1 = any)"
         )
     return array
+
+
+def _check_device_feed(desc: VarDesc, value: Any) -> Any:
+    """A fed device array (CuPy, stand-in) checked for shape and dtype without reading it on
+    the host; a dtype cast only where it keeps every value (a safe cast)."""
+    want = np.dtype(desc.dtype)
+    if value.dtype != want:
+        if not np.can_cast(value.dtype, want, "safe"):
+            raise FeedError(
+                f"feed '{desc.name}' is a device array of dtype {value.dtype}, but the variable "
+                f"is {want} and the cast is not safe: cast it first (x.astype('{want}'))"
+            )
+        value = value.astype(want)
+    if desc.shape and (
+        value.ndim != len(desc.shape)
+        or any(d != -1 and d != a for d, a in zip(desc.shape, value.shape))
+    ):
+        raise FeedError(
+            f"feed '{desc.name}' has shape {list(value.shape)}, but the variable is declared "
+            f"{list(desc.shape)} (-1 = any)"
+        )
+    return value
 
 
 def _cast_keeping_values(name: str, array: np.ndarray, want: np.dtype) -> np.ndarray:

@@ -20,9 +20,10 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from nestflow.core.device_context import DeviceContext, device_context
 from nestflow.errors import ExecutionError, NanInfError, NestflowError
 from nestflow.framework.program import Block, OpDesc
-from nestflow.ops.registry import OpDef, VarInfo, get_op_def, shape_stand_in
+from nestflow.ops.registry import OpDef, VarInfo, get_op_def, place_args, shape_stand_in
 
 Env = list
 Step = Callable[[Env], None]
@@ -53,6 +54,11 @@ class RunContext:
     @property
     def executor(self):
         return self.frame.executor
+
+    @property
+    def device(self) -> DeviceContext:
+        """The DeviceContext of the place the op runs on (its `xp`, transfers, ...)."""
+        return self.frame.plan.device
 
     def has_input(self, slot: str) -> bool:
         return bool(self.in_slots.get(slot))
@@ -178,11 +184,12 @@ class Frame:
             if record is not None:
                 record(index, start)
             op = self.plan.ops[index]
+            xp = self.plan.device.xp
             for name in op.output_names():
                 value = env[self.plan.slot_of[name]] if name else None
-                if isinstance(value, np.ndarray) and value.dtype.kind in "fc":
-                    if not np.isfinite(value).all():
-                        bad = "NaN" if np.isnan(value).any() else "Inf"
+                if isinstance(value, xp.ndarray) and value.dtype.kind in "fc":
+                    if not bool(xp.isfinite(value).all()):  # the check's meaning: a host read
+                        bad = "NaN" if bool(xp.isnan(value).any()) else "Inf"
                         raise NanInfError(
                             f"output '{name}' contains {bad} (shape {list(value.shape)})",
                             location=op.location(),
@@ -208,8 +215,10 @@ class BlockPlan:
     for running a range of ops (PlainNet.run).
     """
 
-    def __init__(self, block: Block):
+    def __init__(self, block: Block, device: DeviceContext | None = None):
         self.block = block
+        # Kernels declaring `xp` or `device` get this place's array module or context.
+        self.device = device if device is not None else device_context()
         self.ops: list[OpDesc] = list(block.ops)
         self.names: list[str] = []
         self.slot_of: dict[str, int] = {}
@@ -255,7 +264,7 @@ class BlockPlan:
                 run(RunContext(op, op_def, attrs, frame, in_slots, out_slots))
 
             return _Call(scope_step, None, None, False)
-        return _kernel_call(op, op_def, attrs, in_slots, out_slots)
+        return _kernel_call(op, op_def, attrs, in_slots, out_slots, self.device)
 
     def compiled(self, keep: frozenset[str] | None = None, timed: bool = False) -> Callable:
         """The block as one function of (env, frame). With `keep`, every big temporary not in
@@ -355,7 +364,7 @@ class BlockPlan:
         shapes = []
         for name in op.input_names():
             value = env[self.slot_of[name]] if name else None
-            if isinstance(value, np.ndarray):
+            if hasattr(value, "shape") and hasattr(value, "dtype"):
                 shapes.append(f"{name}: {value.dtype}{list(value.shape)}")
             else:
                 shapes.append(f"{name}: {type(value).__name__}")
@@ -534,15 +543,19 @@ def _names_in_sub_blocks(ops) -> set[str]:
     return names
 
 
-def _kernel_call(op: OpDesc, op_def: OpDef, attrs: dict, in_slots: dict, out_slots: dict) -> _Call:
-    """The op's kernel with its attrs bound, as a call over env slots."""
-    kernel = _specialized(op, op_def, attrs)
+def _kernel_call(
+    op: OpDesc, op_def: OpDef, attrs: dict, in_slots: dict, out_slots: dict, device: DeviceContext
+) -> _Call:
+    """The op's kernel with its attrs (and its place's `xp` or `device`, where it declares
+    them) bound, as a call over env slots."""
+    kernel = _specialized(op, op_def, attrs, device)
     if kernel is None:
         kernel = op_def.forward
         if op_def.backward_wants_needs:
             # A gradient nobody takes (no slot, or an empty name: -1) is not computed.
             needs = tuple(any(i >= 0 for i in out_slots.get(s.name, ())) for s in op_def.outputs)
             attrs = dict(attrs, needs=needs)
+        attrs = {**attrs, **place_args(kernel, device)}
         if attrs:
             kernel = functools.partial(kernel, **attrs)
     # Argument sources: one slot, a list of slots (duplicable), or absent (None).
@@ -582,8 +595,9 @@ def _same_array_type(op: OpDesc, in_slot: str, out_slot: str) -> bool:
     return donor.dtype == out.dtype and len(donor.shape) == len(out.shape) > 0
 
 
-def _specialized(op: OpDesc, op_def: OpDef, attrs: dict) -> Callable | None:
-    """The op's `specialize(<input VarInfos>, **attrs)` kernel for this op, if it offers one."""
+def _specialized(op: OpDesc, op_def: OpDef, attrs: dict, device: DeviceContext) -> Callable | None:
+    """The op's `specialize(<input VarInfos>, **attrs)` kernel for this op, if it offers one
+    (`specialize` may declare `xp` or `device` as a kernel does)."""
     if op_def.specialize is None:
         return None
     infos = {}
@@ -593,7 +607,7 @@ def _specialized(op: OpDesc, op_def: OpDef, attrs: dict) -> Callable | None:
         infos[slot.name] = (
             [_info(d) for d in descs] if slot.duplicable else (_info(descs[0]) if descs else None)
         )
-    return op_def.specialize(**infos, **attrs)
+    return op_def.specialize(**infos, **attrs, **place_args(op_def.specialize, device))
 
 
 def _info(desc) -> VarInfo | None:

@@ -10,7 +10,9 @@
             return (Out_grad * (Out > 0),)
 
 The class body holds everything about the op (JAX-style): slot names, attribute defaults, shape
-and dtype inference, the NumPy kernel and the gradient. Defining `backward` also registers the
+and dtype inference, the kernel and the gradient. Kernels are written once against `xp`, the
+array module of the place they run on (bound by the executor: NumPy on CPUPlace, CuPy on
+CUDAPlace); see `place_args`. Defining `backward` also registers the
 gradient op `relu_grad` and the default grad maker; an op with unusual gradient wiring defines
 `grad_maker` instead. Control-flow and other scope-aware ops define `run(ctx)` instead of
 `forward`, and get the executor's run context. An op may also define `specialize(**attrs)`
@@ -41,6 +43,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from nestflow.core.device_context import DeviceContext, device_context
 from nestflow.core.dtype import dtype_name
 from nestflow.errors import AttrError, DTypeError, NestflowError, ShapeError, UnknownOpError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc, install_op_validator
@@ -229,8 +232,11 @@ def register_op(cls: type) -> type:
       dim) and returns the outputs' VarInfos; it runs when the op is appended, so bad input
       raises an nf.errors class at build time, and the registry adds the op's source line.
       `infer_op(op)` instead sees the whole OpDesc.
-    - `forward(**inputs, **attrs)`: the NumPy kernel, returning the output(s); kernels never
-      write their inputs.
+    - `forward(**inputs, **attrs)`: the kernel, returning the output(s); kernels never
+      write their inputs. A kernel declaring `xp` gets the array module of the place it runs
+      on (NumPy, CuPy, the stand-in device) and is written once against it; one declaring
+      `device` gets that place's DeviceContext (scatter-add, random draws, a host read the
+      op's meaning needs). `backward` and `specialize` may declare them too.
     - `backward(**inputs, **outputs, <Out>_grad, **attrs)`: one gradient per input slot (None
       for none). Defining it also registers the gradient op `<type>_grad` and the default
       `grad_maker`; an op with unusual gradient wiring defines `grad_maker(op, ctx)` itself, and
@@ -318,6 +324,30 @@ def register_op(cls: type) -> type:
             op_def.grad_maker = default_grad_maker
     cls.op_def = op_def
     return cls
+
+
+def place_args(function: Callable, device: DeviceContext | None = None) -> dict[str, Any]:
+    """The place arguments `function` (a kernel or `specialize`) declares: `xp`, the array
+    module of `device`'s place, and `device`, the DeviceContext itself (default: CPUPlace's).
+    How the executor binds them; a caller running a kernel by hand passes them the same way:
+    `op_def.forward(X, **attrs, **place_args(op_def.forward))`."""
+    wants = _PLACE_PARAMS.get(function)
+    if wants is None:
+        try:
+            parameters = inspect.signature(function).parameters
+        except (TypeError, ValueError):  # a ufunc, a builtin
+            parameters = {}
+        wants = _PLACE_PARAMS[function] = ("xp" in parameters, "device" in parameters)
+    if not (wants[0] or wants[1]):
+        return {}
+    device = device if device is not None else device_context()
+    args: dict[str, Any] = {"xp": device.xp} if wants[0] else {}
+    if wants[1]:
+        args["device"] = device
+    return args
+
+
+_PLACE_PARAMS: dict[Callable, tuple[bool, bool]] = {}
 
 
 def shape_stand_in(value: Any) -> Any:

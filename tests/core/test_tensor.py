@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 
@@ -180,19 +178,22 @@ def test_mutable_data_spells_dtypes_like_the_rest_of_nestflow():
         t.mutable_data((2,), "floatz")
 
 
-def test_an_executor_on_a_gpu_place_says_it_runs_on_the_host(monkeypatch):
-    """Kernels are NumPy's: an Executor given CUDAPlace (Fluid scripts choose it whenever CuPy
-    is found) still runs, on the host, and warns so; CPUPlace and no place do not warn."""
-    monkeypatch.setattr(nf.core.place, "is_compiled_with_cuda", lambda: True)
-    with pytest.warns(RuntimeWarning, match=r"Executor\(CUDAPlace\(0\)\).*the CPU"):
-        exe = nf.Executor(nf.CUDAPlace(0))
-    main, startup = nf.Program(), nf.Program()
-    with nf.program_guard(main, startup):
-        x = nf.data("x", [-1, 2])
-        y = nf.layers.scale(x, scale=3.0)
-    (got,) = exe.run(main, feed={"x": np.ones((1, 2), "float32")}, fetch_list=[y])
-    assert isinstance(got, np.ndarray) and (got == 3.0).all()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        nf.Executor(nf.CPUPlace())
-        nf.Executor()
+def test_cuda_place_without_cupy_is_a_place_error(monkeypatch):
+    """DESIGN Places: CUDAPlace(i) with no CuPy, no driver or no device i is a PlaceError at
+    construction naming what is missing."""
+    from nestflow.core import place as place_module
+
+    counted = place_module.cuda_device_count  # a functools.cache: cleared before and after
+    monkeypatch.setattr(place_module, "is_compiled_with_cuda", lambda: False)
+    counted.cache_clear()
+    try:
+        with pytest.raises(nf.errors.PlaceError, match=r"CUDAPlace\(0\).*CuPy"):
+            nf.CUDAPlace(0)
+        monkeypatch.setattr(place_module, "is_compiled_with_cuda", lambda: True)
+        monkeypatch.setattr(place_module, "cuda_device_count", lambda: 1)
+        with pytest.raises(nf.errors.PlaceError, match=r"no CUDA device 3 \(1 found"):
+            nf.CUDAPlace(3)
+        with pytest.raises(nf.errors.PlaceError, match="an int"):
+            nf.CUDAPlace("0")
+    finally:
+        counted.cache_clear()

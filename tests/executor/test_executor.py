@@ -81,9 +81,9 @@ class _CountingPlans:
         counter = self
 
         class Counting(real):
-            def __init__(self, block):
+            def __init__(self, block, device=None):
                 counter.count += 1
-                super().__init__(block)
+                super().__init__(block, device)
 
         monkeypatch.setattr(executor_module, "BlockPlan", Counting)
 

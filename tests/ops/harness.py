@@ -15,6 +15,11 @@ appends the op with `block.append_op` (so build-time inference runs and is compa
 kernel returns), runs it with an Executor and compares each output with the NumPy reference.
 With `grad`, it then checks the op's grad maker and gradient kernel in float64 against central
 differences of sum(output * upstream) for random upstream gradients.
+
+Every check also runs the op (and its gradient ops) on each device place of `DEVICE_PLACES`: the
+stand-in device always (NumPy memory behind a CuPy-like module that refuses host arrays), a CUDA
+GPU where CuPy finds one. Their results must equal CPUPlace's (float64 to 1e-10, others to
+1e-5); `DEVICE_CHECKED` collects the op types run on them.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import Any
 import numpy as np
 
 import nestflow as nf
+from nestflow.core.place import StandInPlace, cuda_device_count
+from nestflow.errors import PlaceError
 from nestflow.framework.program import GRAD_SUFFIX, Block, OpDesc, Program
 from nestflow.ops.registry import get_op_def
 
@@ -34,6 +41,35 @@ Arrays = dict[str, "np.ndarray | list[np.ndarray]"]
 
 # Every op type whose gradient a case has checked in this process.
 GRAD_CHECKED: set[str] = set()
+# Every op type (gradient ops included) a case has run on a device place in this process.
+DEVICE_CHECKED: set[str] = set()
+
+
+def _device_places() -> list[nf.Place]:
+    places: list[nf.Place] = [StandInPlace(0)]
+    try:
+        if cuda_device_count():
+            places.append(nf.CUDAPlace(0))
+    except PlaceError:
+        pass  # no CuPy or no driver: the stand-in alone
+    return places
+
+
+DEVICE_PLACES = _device_places()
+
+
+def assert_equal_on_device(got, want, where: str) -> None:
+    """A device run's result against CPUPlace's: float64 to 1e-10, other floats to 1e-5,
+    everything else exactly."""
+    assert isinstance(got, np.ndarray), f"{where} is {type(got).__name__}, not ndarray"
+    assert got.shape == want.shape and got.dtype == want.dtype, (
+        f"{where}: {got.dtype}{list(got.shape)}, CPUPlace gave {want.dtype}{list(want.shape)}"
+    )
+    if want.dtype.kind in "fc":
+        tol = 1e-10 if want.dtype == np.float64 else 1e-5
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=where)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=where)
 
 
 @dataclass(eq=False)  # cases hold arrays: compare them by identity
@@ -85,6 +121,12 @@ class OpCase:
                 if self.check_dtype:
                     assert g.dtype == w.dtype, f"{where}: dtype {g.dtype}, expected {w.dtype}"
                 np.testing.assert_allclose(g, w, rtol=self.rtol, atol=self.atol, err_msg=where)
+        for place in DEVICE_PLACES:
+            on_device = built.run(self.inputs, list(expected), place)
+            for slot in expected:
+                for i, (g, c) in enumerate(zip(_listed(on_device[slot]), _listed(actual[slot]))):
+                    assert_equal_on_device(g, c, f"{self.op_type} output {slot}[{i}] on {place}")
+            DEVICE_CHECKED.add(self.op_type)
 
     # ---- gradient ----
 
@@ -125,7 +167,15 @@ class OpCase:
             )
 
         checked = [n for slot in self.grad for n in forward.in_names[slot]]
-        analytic = _GradProgram(forward, checked, upstream).run(inputs)
+        grad_program = _GradProgram(forward, checked, upstream)
+        analytic = grad_program.run(inputs)
+        for place in DEVICE_PLACES:
+            on_device = grad_program.run(inputs, place)
+            for name in checked:
+                assert_equal_on_device(
+                    on_device[name], analytic[name], f"{self.op_type} d/d{name} on {place}"
+                )
+            DEVICE_CHECKED.update(op.type for op in grad_program.block.ops)
         for slot in self.grad:
             for i, (name, x) in enumerate(zip(forward.in_names[slot], _listed(inputs[slot]))):
                 where = f"{self.op_type} d/d{slot}[{i}]"
@@ -238,11 +288,10 @@ class _OneOp:
             for name, array in zip(self.in_names[slot], _listed(value))
         }
 
-    def run(self, inputs: Arrays, slots: list[str]) -> dict[str, Any]:
+    def run(self, inputs: Arrays, slots: list[str], place: nf.Place | None = None) -> dict:
         fetch = [name for slot in slots for name in self.out_names[slot]]
-        values = dict(
-            zip(fetch, self.executor.run(self.program, self.feed(inputs), fetch, self.scope))
-        )
+        executor = self.executor if place is None else nf.Executor(place)
+        values = dict(zip(fetch, executor.run(self.program, self.feed(inputs), fetch, self.scope)))
         result: dict[str, Any] = {}
         for slot in slots:
             got = [values[n] for n in self.out_names[slot]]
@@ -291,11 +340,11 @@ class _GradProgram:
         self.checked = checked
         self.upstream = upstream
 
-    def run(self, inputs: Arrays) -> dict[str, Any]:
+    def run(self, inputs: Arrays, place: nf.Place | None = None) -> dict[str, Any]:
         feed = self.forward.feed(inputs)
         feed.update({name + GRAD_SUFFIX: value for name, value in self.upstream.items()})
         fetch = [name + GRAD_SUFFIX for name in self.checked]
-        values = nf.Executor().run(self.program, feed, fetch, nf.Scope())
+        values = nf.Executor(place).run(self.program, feed, fetch, nf.Scope())
         for name, value in zip(fetch, values):
             _check_inferred(self.block, name, value, f"{self.forward.case.op_type} gradient")
         return dict(zip(self.checked, values))
