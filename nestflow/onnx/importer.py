@@ -45,7 +45,7 @@ from nestflow.errors import (
 )
 from nestflow.framework import unique_name
 from nestflow.framework.program import Block, Program, VarDesc, program_guard
-from nestflow.ops.registry import VarInfo, get_op_def
+from nestflow.ops.registry import VarInfo, get_op_def, place_args
 
 # The default-domain opsets whose op semantics the mappers implement. Below 7, Add & co.
 # took a `broadcast` attribute instead of NumPy broadcasting; 28 is the newest opset of onnx
@@ -454,7 +454,8 @@ class GraphImporter:
             else:
                 args.append(None if names is None else self.consts[names])
         try:
-            result = op_def.forward(*args, **kwargs)
+            # constants fold on the host: place_args gives a kernel CPUPlace's xp and device
+            result = op_def.forward(*args, **kwargs, **place_args(op_def.forward))
         except NestflowError:
             raise
         except (ValueError, TypeError, IndexError, ArithmeticError, MemoryError) as exc:
