@@ -414,6 +414,8 @@ class GraphImporter:
             value = self.consts[name]
             return VarInfo(tuple(value.shape), value.dtype.name)
         var = self.block.find_var(name)
+        if var is None:
+            raise ProgramDecodeError(f"value '{name}' is not visible where it is read")
         return VarInfo(tuple(var.shape), var.dtype)
 
     def var(self, name: str) -> str:
@@ -599,6 +601,8 @@ class GraphImporter:
         names (constants made variables)."""
         self.scopes.append({})
         try:
+            if type(graph).__name__ != "GraphProto":  # absent, or an attribute of another type
+                raise AttrError("its subgraph attribute (If's branches, Loop's body) is missing")
             if len(bindings) != len(graph.input):
                 raise ProgramDecodeError(
                     f"subgraph '{graph.name}' has {len(graph.input)} inputs, but its node "

@@ -110,18 +110,21 @@ while True:
 
 
 class Worker:
-    """A worker process answering one input at a time; restarted after a hang."""
+    """A worker process answering one input at a time; restarted after a hang. `script` is
+    the worker's code (the ONNX fuzz has its own), `cwd` where it runs."""
 
-    def __init__(self):
+    def __init__(self, script: str = _WORKER, cwd: Path = ROOT):
         self.process: subprocess.Popen | None = None
+        self.script, self.cwd = script, cwd
 
     def _start(self) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _WORKER],
+            [sys.executable, "-c", self.script],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            cwd=ROOT,
+            cwd=self.cwd,
             env=env,
         )
 

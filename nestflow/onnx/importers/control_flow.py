@@ -8,6 +8,11 @@ from __future__ import annotations
 from nestflow import layers
 from nestflow.onnx.importers.registry import Node, mapper
 
+# A Loop whose trip count is not a constant (fed, or absent: a while loop) stops after this
+# many steps with MaxStepsExceededError: a model whose condition never turns false (ONNX
+# Runtime runs it forever) must not hang the program that imported it.
+MAX_LOOP_STEPS = 100_000
+
 
 def _as_vector(node: Node, name: str) -> str:
     """`name` (one element, any rank) as a [1] variable (a constant one too: the loop's trip
@@ -59,7 +64,8 @@ def loop(node: Node) -> None:
     )
     carried = [layers.assign(find(node.input(k))) for k in range(2, node.num_inputs)]
     arrays = []
-    with layers.While(keep).block():
+    bounded = node.const(0) is not None  # the trip count ends the loop
+    with layers.While(keep, max_steps=None if bounded else MAX_LOOP_STEPS).block():
         here = graph.block.find_var
         iteration = node.op("reshape", {"X": step.name}, {"shape": []})
         condition = node.op("reshape", {"X": going.name}, {"shape": []})

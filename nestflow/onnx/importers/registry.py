@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from nestflow.errors import AttrError, ShapeError
+from nestflow.errors import AttrError, ProgramDecodeError, ShapeError
 from nestflow.ops.registry import VarInfo
 
 MAPPERS: dict[str, Callable[[Node], None]] = {}
@@ -98,6 +98,8 @@ class Node:
         return i < len(self.proto.input) and bool(self.proto.input[i])
 
     def name_of(self, i: int) -> str:
+        if not self.has_input(i):  # a mapper asking for it needs it
+            raise ProgramDecodeError(f"input {i}, which {self.op_type} needs, is missing")
         return self.graph.lookup(self.proto.input[i])
 
     def name_of_output(self, k: int) -> str:
