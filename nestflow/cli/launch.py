@@ -23,6 +23,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -157,11 +158,69 @@ def run(args: argparse.Namespace) -> int:
     return launch(cmd, env)
 
 
+# How often the launcher looks at its ranks' notes while the job runs, and how long mpiexec
+# gets to end its ranks after SIGTERM before it is killed.
+WATCH_POLL_S = 0.2
+TERMINATE_GRACE_S = 10.0
+
+
 def launch(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the mpiexec command `cmd` in `env`; its exit status (130 after Ctrl-C). While it
+    runs, the ranks leave notes in a directory of their own (nestflow.distributed.runtime
+    .leave_launch_note): when one rank has exited without joining MPI while another waits for
+    it in nf.distributed.init(), the job can never start (MPI's start-up waits for every rank),
+    so the launcher names the rank on stderr, ends mpiexec (SIGTERM, which ends every rank)
+    and returns 1. Ranks on other hosts than the launcher's leave no notes there, so a job
+    spanning hosts is watched only for the ranks on this one."""
+    from nestflow.distributed.runtime import LAUNCH_NOTES_ENV
+
+    with tempfile.TemporaryDirectory(prefix="nestflow-launch-") as notes:
+        process = subprocess.Popen(cmd, env=dict(env, **{LAUNCH_NOTES_ENV: notes}))
+        try:
+            return watch(process, notes)
+        except KeyboardInterrupt:  # mpiexec got the terminal's SIGINT too, and ends the ranks
+            _end(process)
+            return 130
+
+
+def watch(process: subprocess.Popen, notes: str) -> int:
+    """Wait for `process` (mpiexec); end it as `launch` says when a rank that left without
+    joining leaves another one waiting in init() for ever."""
+    while True:
+        try:
+            return process.wait(WATCH_POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+        names = os.listdir(notes)
+        left = sorted(n for n in names if n.startswith("left-"))
+        waiting = sorted(n for n in names if n.startswith("joining-"))
+        if left and waiting:
+            break
+    rank = left[0].removeprefix("left-")
+    with open(os.path.join(notes, left[0])) as note:
+        how = note.read()
+    others = ", ".join(n.removeprefix("joining-") for n in waiting)
+    print(
+        f"nestflow launch: rank {rank} {how}, while rank(s) {others} wait for it there: MPI "
+        "starts only once every rank has joined, so the job would wait for ever; ending it "
+        "(every rank must call nf.distributed.init())",
+        file=sys.stderr,
+        flush=True,
+    )
+    _end(process)
+    return 1
+
+
+def _end(process: subprocess.Popen) -> None:
+    """End mpiexec (and with it every rank): SIGTERM, then SIGKILL after TERMINATE_GRACE_S."""
+    if process.poll() is not None:
+        return
+    process.terminate()
     try:
-        return subprocess.run(cmd, env=env).returncode
-    except KeyboardInterrupt:
-        return 130
+        process.wait(TERMINATE_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def run_module(module: str, arguments: Sequence[str], ranks: int) -> int:

@@ -4,7 +4,10 @@ script as one rank of an MPI job so that its failure ends the whole job.
 The script runs as `__main__` with sys.argv = [script, *args] (as `python script.py args`
 would). An exception that escapes it, or sys.exit with a non-zero status, prints this rank's
 traceback and aborts every rank (MPI_Abort) with a non-zero exit status, also when it happens
-before the script called nf.distributed.init(). `nestflow launch` runs every rank this way.
+before the script called nf.distributed.init(). A script that ends normally without having
+joined MPI leaves a note for `nestflow launch`, which ends the job when another rank waits for
+it in nf.distributed.init() (it would wait for ever). `nestflow launch` runs every rank this
+way.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import runpy
 import sys
 import traceback
 
-from nestflow.distributed.runtime import abort
+from nestflow.distributed.runtime import abort, joined_mpi, leave_launch_note
 
 USAGE = "usage: python -m nestflow.distributed (script.py | -m module) [args ...]"
 
@@ -34,7 +37,7 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         code = exc.code
         if code is None or code == 0:
-            return 0
+            return _left(0)
         status = code if isinstance(code, int) else 1
         if not isinstance(code, int):
             print(code, file=sys.stderr)
@@ -42,7 +45,18 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:  # noqa: BLE001  (every failure must end the whole job)
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         abort(f"failed; aborting every rank of the job:\n{text.rstrip()}", 1)
-    return 0
+    return _left(0)
+
+
+def _left(status: int) -> int:
+    """`status`, after telling `nestflow launch` when this rank ends without having joined
+    MPI: a rank waiting for it in nf.distributed.init() would wait for ever, so the launcher
+    ends the job."""
+    if not joined_mpi():
+        leave_launch_note(
+            "left", f"exited with status {status} without calling nf.distributed.init()"
+        )
+    return status
 
 
 def _directory_of(path: str) -> str:

@@ -49,6 +49,7 @@ from nestflow.framework import unique_name
 from nestflow.framework.program import (
     Block,
     OpDesc,
+    OpRole,
     Program,
     VarDesc,
     default_startup_program,
@@ -170,9 +171,10 @@ class DistributedOptimizer:
         startup = startup_program if startup_program is not None else default_startup_program()
         inner = self.inner_optimizer
         params_grads = inner.backward(loss, startup, parameter_list, no_grad_set)
-        weight = self._weight(block) if self.batch_var is not None else None
-        self.buckets = plan_buckets(block, params_grads, self.bucket_size_mb * 2**20)
-        insert_allreduce_ops(block, self.buckets, weight)
+        with block.program.op_role_guard(OpRole.OPTIMIZE):
+            weight = self._weight(block) if self.batch_var is not None else None
+            self.buckets = plan_buckets(block, params_grads, self.bucket_size_mb * 2**20)
+            insert_allreduce_ops(block, self.buckets, weight)
         ops = inner.apply_gradients(params_grads)
         append_startup_sync(startup, block.program, self.buckets, weight is not None)
         return ops, params_grads

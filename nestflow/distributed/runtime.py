@@ -32,6 +32,7 @@ def init() -> None:
     """
     if WORLD.initialized:
         return
+    leave_launch_note("joining", "calls nf.distributed.init()")
     WORLD.init()
     if WORLD.size > 1 and sys.excepthook is not _abort_on_uncaught:
         global _previous_hook
@@ -155,6 +156,34 @@ def abort(message: str = "", code: int = 1) -> None:
     from mpi4py import MPI  # initialises MPI when the program had not: Abort needs it
 
     MPI.COMM_WORLD.Abort(code)
+
+
+# The directory `nestflow launch` gives its ranks for notes on how they start and end (see
+# nestflow.cli.launch.watch): a rank that exits without joining MPI while another one waits
+# in init() for it is a job that can never start.
+LAUNCH_NOTES_ENV = "NESTFLOW_LAUNCH_NOTES"
+
+
+def leave_launch_note(kind: str, text: str) -> None:
+    """Tell `nestflow launch` (when it started this rank) that this rank is `kind` ("joining",
+    or "left" without joining); `text` says how, for its message. Best effort: a note that
+    cannot be written (a rank on another host than the launcher) is skipped."""
+    import os
+
+    directory = os.environ.get(LAUNCH_NOTES_ENV)
+    if not directory or launched_world_size() == 1:
+        return
+    try:
+        with open(os.path.join(directory, f"{kind}-{launched_rank()}"), "w") as note:
+            note.write(text)
+    except OSError:
+        pass
+
+
+def joined_mpi() -> bool:
+    """Whether this process initialised MPI (through init() or mpi4py itself)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return WORLD.initialized or (mpi is not None and mpi.Is_initialized())
 
 
 def _check_root(root: int, size: int) -> None:

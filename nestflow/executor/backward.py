@@ -43,6 +43,7 @@ from nestflow.framework.program import (
     GRAD_SUFFIX,
     Block,
     OpDesc,
+    OpRole,
     VarDesc,
     default_main_program,
 )
@@ -346,10 +347,11 @@ def append_backward(
     for op in ops:
         leaves += [n for n in op.input_names() if n and n not in written]
         written.update(op.output_names())
-    seed = _seed_ones(block, loss)
-    builder = _GradBuilder(block, block, no_grad, user_no_grad)
-    with stack_room(nesting_depth(program, block), f"block {block.idx}"):
-        got = builder.walk(ops, {loss.name: seed}, leaves + sorted(listed))
+    with program.op_role_guard(OpRole.BACKWARD):
+        seed = _seed_ones(block, loss)
+        builder = _GradBuilder(block, block, no_grad, user_no_grad)
+        with stack_room(nesting_depth(program, block), f"block {block.idx}"):
+            got = builder.walk(ops, {loss.name: seed}, leaves + sorted(listed))
     return [(p, block.find_var(got[p.name])) for p in params if p.name in got]
 
 
@@ -380,11 +382,12 @@ def gradients(
     no_grad = (_stop_names(block) | user_no_grad) - set(wanted)
     ops = _ops_until(block, {t.name for t in targets})
     seeds = {}
-    for target, grad in zip(targets, given):
-        seeds[target.name] = grad.name if grad is not None else _seed_ones(block, target)
-    builder = _GradBuilder(block, block, no_grad, user_no_grad)
-    with stack_room(nesting_depth(block.program, block), f"block {block.idx}"):
-        got = builder.walk(ops, seeds, wanted)
+    with block.program.op_role_guard(OpRole.BACKWARD):
+        for target, grad in zip(targets, given):
+            seeds[target.name] = grad.name if grad is not None else _seed_ones(block, target)
+        builder = _GradBuilder(block, block, no_grad, user_no_grad)
+        with stack_room(nesting_depth(block.program, block), f"block {block.idx}"):
+            got = builder.walk(ops, seeds, wanted)
     return [block.find_var(got[n]) if n in got else None for n in wanted]
 
 

@@ -26,7 +26,14 @@ import numpy as np
 
 from nestflow.errors import AttrError
 from nestflow.framework import unique_name
-from nestflow.framework.program import Block, OpDesc, Program, VarDesc, default_startup_program
+from nestflow.framework.program import (
+    Block,
+    OpDesc,
+    OpRole,
+    Program,
+    VarDesc,
+    default_startup_program,
+)
 
 ParamsGrads = Sequence[tuple[VarDesc, VarDesc | None]]
 
@@ -369,13 +376,14 @@ def append_optimizer_ops(
     else:
         wide = any(np.dtype(p.dtype) == np.float64 for p, _ in pairs)
         lr = states.state("learning_rate", [1], "float64" if wide else "float32", learning_rate)
-    if grad_clip is not None:
-        pairs = [(p, g) for p, g in grad_clip(pairs)]
     if coupled_decay:
 
         def regularization(param: VarDesc, grad: VarDesc, blk: Block) -> VarDesc:
             return decay_term(param, blk, coupled_decay)
 
-    pairs = [(p, regularized_gradient(block, p, g, regularization)) for p, g in pairs]
-    ops = [rule.build(states, p, g, lr, **options) for p, g in pairs]
+    with block.program.op_role_guard(OpRole.OPTIMIZE):
+        if grad_clip is not None:
+            pairs = [(p, g) for p, g in grad_clip(pairs)]
+        pairs = [(p, regularized_gradient(block, p, g, regularization)) for p, g in pairs]
+        ops = [rule.build(states, p, g, lr, **options) for p, g in pairs]
     return UpdatePass(ops, lr, states.created, pairs)

@@ -32,6 +32,27 @@ from nestflow.framework import unique_name
 
 GRAD_SUFFIX = "@GRAD"
 
+
+class OpRole:
+    """What an op is for, Fluid's `op_role` bits, kept in the op's "op_role" attribute (an op
+    without one is FORWARD). append_backward/gradients mark their ops BACKWARD, the
+    optimizer's clip, regularization, all-reduce and update ops OPTIMIZE, the learning-rate
+    schedules LR_SCHED; `Program.clone(for_test=True)` drops every op of TRAINING roles."""
+
+    FORWARD = 0
+    BACKWARD = 1
+    OPTIMIZE = 2
+    LR_SCHED = 16
+    LOSS = 256
+    TRAINING = BACKWARD | OPTIMIZE | LR_SCHED
+
+
+def op_role(op: OpDesc) -> int:
+    """The op's OpRole bits (FORWARD when it has no "op_role" attribute)."""
+    role = op.attrs.get("op_role")
+    return role if isinstance(role, int) and not isinstance(role, bool) else OpRole.FORWARD
+
+
 VAR_TYPES = {
     "lod_tensor": pb.LOD_TENSOR,
     "step_scopes": pb.STEP_SCOPES,
@@ -637,6 +658,9 @@ class Block:
                     f"op '{type}': {what} must be a mapping (slot or attribute name -> value), "
                     f"got {value.__class__.__name__}"
                 )
+        role = self.program._op_role
+        if role != OpRole.FORWARD and (attrs is None or "op_role" not in attrs):
+            attrs = {**(attrs or {}), "op_role": role}
         return OpDesc(
             self,
             type,
@@ -710,6 +734,18 @@ class Block:
         return f"Block(idx={self.idx}, parent_idx={self.parent_idx}, ops={len(self.ops)})"
 
 
+def _mentioned(op: OpDesc) -> list[str]:
+    """Every name `op` may use: its inputs and outputs, and its string attributes (a control-
+    flow op names variables of its sub-block there)."""
+    names = op.input_names() + op.output_names()
+    for value in op.attrs.values():
+        if isinstance(value, str):
+            names.append(value)
+        elif isinstance(value, list):
+            names += [v for v in value if isinstance(v, str)]
+    return names
+
+
 def _names(slots: Mapping[str, Any] | None) -> dict[str, list[str]]:
     """Slot -> variable names; TypeMismatchError for a value that is neither a variable nor a
     name (a NumPy array's printed text is no variable name)."""
@@ -768,6 +804,7 @@ class Program:
         self._random_seed = 0
         self._version = 0
         self._declared: dict[str, int] = {}  # name -> declarations and removals of it
+        self._op_role = OpRole.FORWARD  # the role of the ops appended now (op_role_guard)
 
     def _declared_again(self, name: str) -> None:
         # A new declaration may shadow what find_var remembered for this name.
@@ -845,6 +882,17 @@ class Program:
             yield block
         finally:
             self._current_idx = saved
+
+    @contextlib.contextmanager
+    def op_role_guard(self, role: int):
+        """Ops appended to any block of the program inside `with program.op_role_guard(role)`
+        carry the OpRole `role` (unless they set "op_role" themselves); guards nest."""
+        saved = self._op_role
+        self._op_role = role
+        try:
+            yield
+        finally:
+            self._op_role = saved
 
     def list_vars(self) -> Iterable[VarDesc]:
         for block in self.blocks:
@@ -985,13 +1033,33 @@ class Program:
         return cls.from_desc(desc)
 
     def clone(self, for_test: bool = False) -> Program:
-        """A deep copy; with for_test, ops switch to inference behaviour (is_test=True)."""
+        """A deep copy. With for_test (Fluid's evaluation program): without the ops that
+        train, those of OpRole.TRAINING roles (backward, optimizer updates, learning-rate
+        schedule steps), so running it changes no parameter, optimizer state or step
+        counter; the temporaries only those ops used are dropped with them; and ops with
+        an is_test attribute (dropout, batch_norm) switch to inference behaviour. A clone
+        made before minimize has no such ops, and is the same program with is_test set."""
         copy = Program.from_desc(self.to_desc())
         if for_test:
+            dropped: set[str] = set()
             for block in copy.blocks:
+                kept = []
                 for op in block.ops:
-                    if "is_test" in op.attrs:
-                        op.attrs["is_test"] = True
+                    if op_role(op) & OpRole.TRAINING:
+                        dropped.update(op.input_names() + op.output_names())
+                    else:
+                        kept.append(op)
+                        if "is_test" in op.attrs:
+                            op.attrs["is_test"] = True
+                block.ops = kept
+            if dropped:
+                used = {n for block in copy.blocks for op in block.ops for n in _mentioned(op)}
+                for block in copy.blocks:
+                    for name in dropped - used:
+                        var = block.vars.get(name)
+                        if var is not None and not var.persistable:
+                            block.remove_var(name)
+            copy._bump()
         return copy
 
     def to_dot(self, name: str = "program") -> str:

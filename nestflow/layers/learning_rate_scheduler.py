@@ -25,7 +25,12 @@ from typing import Any
 
 from nestflow.core.dtype import dtype_name
 from nestflow.errors import AttrError
-from nestflow.framework.program import VarDesc, default_main_program, default_startup_program
+from nestflow.framework.program import (
+    OpRole,
+    VarDesc,
+    default_main_program,
+    default_startup_program,
+)
 from nestflow.layers.helper import append_op
 
 __all__ = [
@@ -55,7 +60,8 @@ def _decay_step_counter() -> VarDesc:
         out = startup.create_var(LR_DECAY_COUNTER, [1], "int64", persistable=True)
         attrs = {"shape": [1], "dtype": "int64", "value": -1.0}
         startup.append_op("fill_constant", {}, {"Out": [out]}, attrs)
-    block.prepend_op("increment", {"X": [counter]}, {"Out": [counter]}, {"step": 1.0})
+    attrs = {"step": 1.0, "op_role": OpRole.LR_SCHED}
+    block.prepend_op("increment", {"X": [counter]}, {"Out": [counter]}, attrs)
     return counter
 
 
@@ -79,6 +85,7 @@ def _schedule(op_type: str, learning_rate: Any, dtype: Any, **attrs: Any) -> Var
         for k, v in attrs.items()
     }
     attrs["dtype"] = dtype_name(dtype or "float32")
+    attrs["op_role"] = OpRole.LR_SCHED
     return append_op(op_type, inputs, attrs, name=op_type, stop_gradient=True)
 
 
@@ -167,6 +174,7 @@ def piecewise_decay(boundaries, values, *, dtype=None):
         "boundaries": [_number("piecewise_decay: boundaries", b) for b in boundaries],
         "values": [_number("piecewise_decay: values", v) for v in values],
         "dtype": dtype_name(dtype or "float32"),
+        "op_role": OpRole.LR_SCHED,
     }
     return append_op("piecewise_decay", inputs, attrs, name="piecewise_decay", stop_gradient=True)
 

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -110,3 +111,47 @@ def test_the_distributed_demo_trains_on_two_ranks(tmp_path):
 def test_the_distributed_demo_is_the_mlp(capsys):
     assert main(["demo", "--distributed", "--model", "rnn"]) == 2
     assert "--distributed runs the mlp demo" in capsys.readouterr().err
+
+
+_LEAVES_EARLY = """
+import os, sys
+import nestflow as nf
+if os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")) == "1":
+    sys.exit(0)  # ends before joining: rank 0 waits for it in init()
+nf.distributed.init()
+print("joined", flush=True)
+"""
+
+_NEVER_JOINS = "print('a rank of a job that never uses MPI')\n"
+
+
+def _launched(tmp_path, script: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    return subprocess.run(
+        [sys.executable, "-m", "nestflow", "launch", "-n", "2", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        start_new_session=True,
+    )
+
+
+@needs_mpi
+def test_a_rank_exiting_before_init_ends_the_job_naming_it(tmp_path):
+    """Issue 32 item 11: rank 1 exits with status 0 before nf.distributed.init() while rank 0
+    waits in init(): the launcher ends the job within 30 s, naming rank 1, with status 1."""
+    start = time.perf_counter()
+    done = _launched(tmp_path, _LEAVES_EARLY)
+    assert time.perf_counter() - start < 30
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "rank 1 exited with status 0 without calling nf.distributed.init()" in done.stderr
+    assert "joined" not in done.stdout
+
+
+@needs_mpi
+def test_a_job_in_which_no_rank_joins_still_ends_normally(tmp_path):
+    done = _launched(tmp_path, _NEVER_JOINS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("never uses MPI") == 2
