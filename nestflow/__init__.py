@@ -16,7 +16,17 @@ from nestflow import (
     ops,  # noqa: E402  (registers every operator)
     optimizer,
 )
-from nestflow.core import CPUPlace, CUDAPlace, Place, Scope, Tensor, Variable
+from nestflow.core import (
+    CPUPlace,
+    CUDAPlace,
+    DeviceContext,
+    Place,
+    Scope,
+    Tensor,
+    Variable,
+    device_context,
+    is_compiled_with_cuda,
+)
 from nestflow.core.threads import get_num_threads, set_num_threads
 from nestflow.executor import (
     Executor,
@@ -55,11 +65,21 @@ rnn = layers.RNN
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from nestflow import clip, distributed, io, metric, nets, onnx, profiler, regularizer
+    from nestflow import clip, cuda, distributed, io, metric, nets, onnx, profiler, regularizer
     from nestflow.hapi import InputSpec, Model, callbacks
 
 # Imported on first use (safetensors, tempfile): most programs never save or load a file.
-_LAZY_MODULES = ("io", "nets", "regularizer", "clip", "metric", "profiler", "onnx", "distributed")
+_LAZY_MODULES = (
+    "io",
+    "cuda",
+    "nets",
+    "regularizer",
+    "clip",
+    "metric",
+    "profiler",
+    "onnx",
+    "distributed",
+)
 # Names of the high-level API (nestflow.hapi), imported on first use as well.
 _LAZY_HAPI = ("Model", "InputSpec", "callbacks")
 
@@ -90,6 +110,7 @@ __all__ = [
     "Block",
     "CPUPlace",
     "CUDAPlace",
+    "DeviceContext",
     "Executor",
     "InputSpec",
     "Model",
@@ -110,6 +131,8 @@ __all__ = [
     "append_backward",
     "gradients",
     "data",
+    "device_context",
+    "is_compiled_with_cuda",
     "default_main_program",
     "default_startup_program",
     "errors",
@@ -125,6 +148,7 @@ __all__ = [
     "global_scope",
     "initializer",
     "io",
+    "cuda",
     "nets",
     "regularizer",
     "callbacks",

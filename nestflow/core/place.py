@@ -170,3 +170,13 @@ def place_of(array) -> Place:
     if hasattr(array, "__cuda_array_interface__") and hasattr(array, "device"):
         return CUDAPlace(int(array.device.id))
     return _HOST
+
+
+def is_array(value) -> bool:
+    """Whether `value` is an array of some place: NumPy, CuPy or the stand-in's."""
+    kind = type(value)
+    return (
+        kind is np.ndarray
+        or kind.__name__ == "StandInArray"
+        or hasattr(value, "__cuda_array_interface__")
+    )

@@ -7,8 +7,7 @@ import threading
 import weakref
 from typing import Any
 
-import numpy as np
-
+from nestflow.core.place import is_array
 from nestflow.core.tensor import Tensor
 from nestflow.core.variable import _SCOPE_TOKEN, Variable
 from nestflow.errors import NestflowError, ScopeDestroyedError, TypeMismatchError
@@ -243,7 +242,7 @@ class Scope:
             variable = variables.get(name)
             if variable is None:
                 variable = variables[name] = Variable(_SCOPE_TOKEN, name)
-            variable._value = Tensor._holding(value) if isinstance(value, np.ndarray) else value
+            variable._value = Tensor._holding(value) if is_array(value) else value
 
     def _held_only(self) -> tuple[dict[str, int], list] | None:
         """(name -> index, values) of a scope whose variables are all still held values (empty

@@ -14,7 +14,7 @@ import numpy as np
 
 from nestflow.core.device_context import DeviceContext, device_context
 from nestflow.core.memory import keep_freed_memory
-from nestflow.core.place import CPUPlace, Place, place_of
+from nestflow.core.place import CPUPlace, Place, is_array, place_of
 from nestflow.core.scope import _NOTHING_HELD, Scope
 from nestflow.core.tensor import Tensor
 from nestflow.errors import (
@@ -226,7 +226,7 @@ class Executor:
     def _moved(self, scope: Scope, name: str, value: Any) -> Any:
         """A persistable (or scope-held) array of another place, copied to this executor's
         place and kept there in the scope, so it stays on the device between runs."""
-        if not hasattr(value, "shape"):
+        if not is_array(value):
             return value  # not an array (a list of step scopes, a SelectedRows...)
         source = place_of(value)
         moved = self.device.to_device(source.to_host(value) if source.is_device else value)
@@ -644,7 +644,7 @@ def _search_kid_scopes(scope: Scope, name: str) -> Any:
 
 def _store(scope: Scope, name: str, value: Any) -> None:
     var = scope.var(name)
-    if hasattr(value, "__array_function__") and hasattr(value, "shape"):  # NumPy/CuPy arrays
+    if is_array(value):
         tensor = var._value
         if not isinstance(tensor, Tensor):
             tensor = var.get_mutable(Tensor)
@@ -673,7 +673,7 @@ def _to_numpy(value: Any) -> Any:
         # A fetch may be a parameter's own array (or a view of one): the caller gets a copy so
         # writing into it cannot change the scope behind the executor's back.
         return value.copy()
-    if hasattr(value, "__array_function__") and hasattr(value, "shape"):  # a device array
+    if is_array(value):  # a device array
         return place_of(value).to_host(value)
     return value
 
@@ -733,7 +733,7 @@ def check_feed(desc: VarDesc, value: Any) -> np.ndarray:
     or when casting to the variable's dtype would change a value."""
     if isinstance(value, Tensor):
         value = value.data()
-    if hasattr(value, "__array_function__") and type(value) is not np.ndarray:
+    if type(value) is not np.ndarray and is_array(value):
         return _check_device_feed(desc, value)
     try:
         array = np.asarray(value)

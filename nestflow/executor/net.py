@@ -16,9 +16,7 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from nestflow.core.place import Place
+from nestflow.core.place import Place, is_array
 from nestflow.core.scope import Scope
 from nestflow.errors import (
     DTypeError,
@@ -251,7 +249,7 @@ class PlainNet(Net):
         block = trial.global_block()
         for var in block.vars.values():
             held = _scope_value(scope, var.name)
-            if isinstance(held, np.ndarray):
+            if is_array(held):
                 var.shape, var.dtype = tuple(held.shape), held.dtype.name
         for op in block.ops:
             validate_op(op)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.core.place import is_array
 from nestflow.core.scope import Scope
 from nestflow.core.tensor import Tensor
 from nestflow.errors import ControlFlowError, NestflowError, UninitializedError
@@ -42,7 +43,7 @@ def _value(scope: Scope, name: str, local: bool = False) -> Any:
 
 def _put(scope: Scope, name: str, value: Any) -> None:
     var = scope.var(name)
-    if isinstance(value, np.ndarray):
+    if is_array(value):
         tensor = var._value if isinstance(var._value, Tensor) else var.get_mutable(Tensor)
         tensor._array = value
     else:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from nestflow.errors import ControlFlowError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
 from nestflow.ops.ifelse import check_block_attrs, grad_value, set_grads, store_step
@@ -89,7 +87,7 @@ class block_grad:
         for seed, out, grad in zip(attrs["seeds"], outs, out_grads):
             if not seed:
                 continue
-            part = np.zeros_like(out) if grad is None else grad
+            part = ctx.device.xp.zeros_like(out) if grad is None else grad
             values[seed] = values[seed] + part if seed in values else part
         frame = ctx.run_block(attrs["grad_block"], scope, values)
         grads = [grad_value(frame, values, name) for name in attrs["x_grads"]]

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.core.device_context import array_module
 from nestflow.errors import AttrError, ControlFlowError, DTypeError, ShapeError
 from nestflow.framework.program import GRAD_SUFFIX, Block, OpDesc
 from nestflow.ops.block import block, block_grad
@@ -81,9 +82,11 @@ def _infer_conditional_block(op: OpDesc) -> None:
 def condition_holds(op: OpDesc, conds: list[Any], scalar: bool) -> bool:
     """Whether a conditional_block runs: its scalar bool, or every Cond non-empty."""
     if not scalar:
-        return all(np.size(c) != 0 for c in conds)
+        return all(getattr(c, "size", 1) != 0 for c in conds)
     (value,) = conds
-    if not isinstance(value, np.ndarray) or value.dtype != np.bool_ or value.size != 1:
+    # The condition is read on the host (on a device too): it decides whether the block runs.
+    is_array = isinstance(value, array_module(value).ndarray)
+    if not is_array or value.dtype != np.bool_ or value.size != 1:
         kind = getattr(value, "dtype", type(value).__name__)
         raise ControlFlowError(
             f"the condition '{op.input('Cond')[0]}' must hold one bool value, got "
@@ -164,7 +167,8 @@ class conditional_block_grad:
 
 
 def _mask_index(Mask: Any, count: int, op_type: str) -> int:
-    mask = np.asarray(Mask)
+    """The branch Mask picks, read on the host (on a device too: it picks a Python value)."""
+    mask = Mask if hasattr(Mask, "dtype") else np.asarray(Mask)
     if mask.size != 1 or mask.dtype.kind not in "iu":
         raise ControlFlowError(
             f"{op_type}: Mask must hold one integer, got {mask.dtype}{list(mask.shape)}"
@@ -214,9 +218,9 @@ class select_input:
     def forward(X, Mask):
         return X[_mask_index(Mask, len(X), "select_input")]
 
-    def backward(X, Mask, Out, Out_grad):
+    def backward(X, Mask, Out, Out_grad, xp):
         index = _mask_index(Mask, len(X), "select_input_grad")
-        grads = [None if x is None else np.zeros_like(x) for x in X]
+        grads = [None if x is None else xp.zeros_like(x) for x in X]
         grads[index] = Out_grad
         return (grads,)
 
@@ -243,9 +247,10 @@ class select_output:
     def run(ctx):
         x, outs = ctx.input("X"), ctx.out_slots.get("Out", [])
         index = _mask_index(ctx.input("Mask"), len(outs), "select_output")
-        ctx.set_outputs("Out", [x if i == index else np.zeros_like(x) for i in range(len(outs))])
+        zeros = ctx.device.xp.zeros_like
+        ctx.set_outputs("Out", [x if i == index else zeros(x) for i in range(len(outs))])
 
-    def backward(X, Mask, Out, Out_grad):
+    def backward(X, Mask, Out, Out_grad, xp):
         index = _mask_index(Mask, len(Out), "select_output_grad")
         grad = Out_grad[index]
-        return (np.zeros_like(X) if grad is None else grad,)
+        return (xp.zeros_like(X) if grad is None else grad,)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.core.device_context import array_module
 from nestflow.errors import ControlFlowError
 from nestflow.framework.program import GRAD_SUFFIX, Block, OpDesc
 from nestflow.ops.registry import GradContext, GradOpSpec, register_op
@@ -24,7 +25,7 @@ from nestflow.ops.registry import GradContext, GradOpSpec, register_op
 
 def row_mask(cond: Any, op_name: str = "ifelse") -> np.ndarray:
     """The condition as a 1-D bool row mask; ControlFlowError unless it is bool [N, 1] or [N]."""
-    if not isinstance(cond, np.ndarray) or cond.dtype != np.bool_:
+    if not isinstance(cond, array_module(cond).ndarray) or cond.dtype != np.bool_:
         kind = getattr(cond, "dtype", type(cond).__name__)
         raise ControlFlowError(f"{op_name}: the condition must be a bool array, got {kind}")
     if cond.ndim == 1 or (cond.ndim == 2 and cond.shape[1] == 1):
@@ -34,10 +35,12 @@ def row_mask(cond: Any, op_name: str = "ifelse") -> np.ndarray:
     )
 
 
-def branch_rows(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def branch_rows(mask: Any) -> tuple[Any, Any]:
     """The row indices where `mask` holds and where it does not (taking rows by index is
-    several times faster than by a bool mask, and the indices serve every input)."""
-    return np.flatnonzero(mask), np.flatnonzero(~mask)
+    several times faster than by a bool mask, and the indices serve every input). On a device
+    the counts are read on the host: the per-row split's shapes depend on the condition."""
+    xp = array_module(mask)
+    return xp.flatnonzero(mask), xp.flatnonzero(~mask)
 
 
 def scope_array(scope, name: str) -> Any:
@@ -127,12 +130,13 @@ class ifelse:
 
     def run(ctx):
         op = ctx.op
+        xp = ctx.device.xp
         mask = row_mask(ctx.input("Cond"))
         n = mask.shape[0]
         names = op.input("X")
         batch = ctx.inputs("X")
         for name, value in zip(names, batch):
-            if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != n:
+            if not isinstance(value, xp.ndarray) or value.ndim == 0 or value.shape[0] != n:
                 shape = list(getattr(value, "shape", []))
                 raise ControlFlowError(
                     f"batch input '{name}' has shape {shape} but the condition has {n} rows; "
@@ -160,7 +164,7 @@ class ifelse:
             values = []
             for name in outs:
                 value = _branch_value(frame, bound, name)
-                if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != count:
+                if not isinstance(value, xp.ndarray) or value.ndim == 0 or value.shape[0] != count:
                     shape = list(getattr(value, "shape", []))
                     raise ControlFlowError(
                         f"branch output '{name}' has shape {shape}, but the branch got "
@@ -179,7 +183,7 @@ class ifelse:
                         f"output {i}: the branches give rows of shape {list(tail)} and "
                         f"{list(part.shape[1:])}"
                     )
-            out = np.empty((n, *tail), dtype=parts[0][0].dtype)
+            out = xp.empty((n, *tail), dtype=parts[0][0].dtype)
             for part, rows in parts:
                 out[rows] = part
             merged.append(out)
@@ -253,6 +257,7 @@ class ifelse_grad:
 
     def run(ctx):
         attrs = ctx.attrs
+        xp = ctx.device.xp
         mask = row_mask(ctx.input("Cond"))
         batch = ctx.inputs("X")
         params = ctx.inputs("Params")
@@ -270,9 +275,9 @@ class ifelse_grad:
                 if not seed:
                     continue
                 if grad is not None:
-                    part = np.take(grad, rows, axis=0)
+                    part = xp.take(grad, rows, axis=0)
                 else:
-                    part = np.zeros((len(rows),) + np.shape(out)[1:], np.asarray(out).dtype)
+                    part = xp.zeros((len(rows),) + out.shape[1:], out.dtype)
                 values[seed] = values[seed] + part if seed in values else part
             frame = ctx.run_block(grad_block, scope, values)
             for i, name in enumerate(attrs[f"{side}_x_grads"]):
@@ -280,7 +285,7 @@ class ifelse_grad:
                 if grad is None:
                     continue
                 if x_grads[i] is None:
-                    x_grads[i] = np.zeros(batch[i].shape, dtype=grad.dtype)
+                    x_grads[i] = xp.zeros(batch[i].shape, dtype=grad.dtype)
                 x_grads[i][rows] += grad
             for i, name in enumerate(attrs[f"{side}_param_grads"]):
                 grad = grad_value(frame, values, name)
@@ -300,19 +305,20 @@ def grad_value(frame, values: dict[str, Any], name: str) -> Any:
 
 
 def is_float(value: Any) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype.kind in "fc"
+    return isinstance(value, array_module(value).ndarray) and value.dtype.kind in "fc"
 
 
 def set_grads(ctx, slot: str, grads: list[Any], forward: list[Any]) -> None:
     """Write a control-flow gradient op's gradients to the slot's named outputs, each shaped
     like its forward value; an input no step or branch reached gets zeros."""
     env = ctx.frame.env
+    xp = ctx.device.xp
     for index, grad, value in zip(ctx.out_slots.get(slot, []), grads, forward):
         if index < 0:
             continue
         if grad is None:
-            value = np.asarray(value)
-            grad = np.zeros(value.shape, value.dtype if value.dtype.kind in "fc" else "float64")
+            value = value if isinstance(value, xp.ndarray) else xp.asarray(value)
+            grad = xp.zeros(value.shape, value.dtype if value.dtype.kind in "fc" else "float64")
         elif is_float(value) and grad.shape != value.shape:
             grad = grad.reshape(value.shape)
         env[index] = grad

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.core.device_context import array_module
 from nestflow.errors import ControlFlowError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
 from nestflow.ops.ifelse import (
@@ -57,7 +58,7 @@ def _sequences(names: list[str], values: list[Any]) -> tuple[int, int]:
     batch = steps = None
     first = ""
     for name, value in zip(names, values):
-        if not isinstance(value, np.ndarray) or value.ndim < 2:
+        if not isinstance(value, array_module(value).ndarray) or value.ndim < 2:
             shape = list(getattr(value, "shape", []))
             raise ControlFlowError(
                 f"recurrent: step input '{name}' has shape {shape}; a sequence must be "
@@ -78,14 +79,15 @@ def _sequences(names: list[str], values: list[Any]) -> tuple[int, int]:
 def _lengths(value: Any, batch: int, steps: int, name: str) -> np.ndarray | None:
     if value is None:
         return None
-    lengths = np.asarray(value)
+    lengths = value if hasattr(value, "dtype") else np.asarray(value)
     if lengths.dtype.kind not in "iu" or lengths.reshape(-1).shape[0] != batch:
         raise ControlFlowError(
             f"recurrent: lengths '{name}' must be an integer [batch={batch}] array, got "
             f"{lengths.dtype}{list(lengths.shape)}"
         )
     lengths = lengths.reshape(-1)
-    if lengths.size and (lengths.min() < 0 or lengths.max() > steps):
+    # a host read on a device: the check's meaning
+    if lengths.size and (int(lengths.min()) < 0 or int(lengths.max()) > steps):
         raise ControlFlowError(
             f"recurrent: lengths '{name}' must lie in [0, {steps}] (the time dim), got "
             f"{lengths.tolist()}"
@@ -98,8 +100,9 @@ def _running(lengths: np.ndarray | None, steps: int) -> list[np.ndarray | None]:
     is (from one comparison)."""
     if lengths is None:
         return [None] * steps
+    # a host read on a device: the steps before the shortest sequence ends need no mask
     shortest = int(lengths.min()) if lengths.size else steps
-    masks = lengths[None, :] > np.arange(steps)[:, None]
+    masks = lengths[None, :] > array_module(lengths).arange(steps)[:, None]
     return [None if t < shortest else masks[t] for t in range(steps)]
 
 
@@ -108,9 +111,10 @@ def _step_parts(grad, scopes: list, name: str, running: list) -> list[np.ndarray
     slice shaped like the step's value, with the rows of finished sequences zeroed."""
     if not scopes:
         return []
-    step = np.asarray(scope_array(scopes[-1], name))
+    step = scope_array(scopes[-1], name)
+    step = step if hasattr(step, "dtype") else np.asarray(step)
     if grad is None:
-        return [np.zeros(step.shape, dtype=step.dtype)] * len(scopes)
+        return [array_module(step).zeros(step.shape, dtype=step.dtype)] * len(scopes)
     parts = []
     for part, active in zip(grad.swapaxes(0, 1), running):
         part = part if active is None else _masked(part, active)
@@ -124,18 +128,19 @@ def _stacked_steps(grads: list[Any], sequence: np.ndarray) -> np.ndarray | None:
     first = next((g for g in grads if g is not None), None)
     if first is None:
         return None
+    xp = array_module(first)
     zeros = None
     for t, grad in enumerate(grads):
         if grad is None:
-            zeros = zeros if zeros is not None else np.zeros(sequence[:, t].shape, first.dtype)
+            zeros = zeros if zeros is not None else xp.zeros(sequence[:, t].shape, first.dtype)
             grads[t] = zeros
-    return np.stack(grads, axis=1).reshape(sequence.shape)
+    return xp.stack(grads, axis=1).reshape(sequence.shape)
 
 
 def _same_shape(new: Any, old: np.ndarray, name: str, update: str, t: int) -> np.ndarray:
     """A memory's update as an array of the memory's shape; ControlFlowError otherwise."""
     new = np.asarray(new) if isinstance(new, np.generic) else new
-    if not isinstance(new, np.ndarray) or new.shape != old.shape:
+    if not isinstance(new, array_module(old).ndarray) or new.shape != old.shape:
         raise ControlFlowError(
             f"recurrent: memory '{name}' has shape {list(old.shape)} but its update "
             f"'{update}' has shape {list(getattr(new, 'shape', []))} at step {t}; "
@@ -152,7 +157,8 @@ def _masked(value: np.ndarray, active: np.ndarray | None) -> np.ndarray:
     """`value` with the rows of finished sequences zeroed (a new array; `value` is kept)."""
     if active is None:
         return value
-    return np.where(_rows(active, value.ndim), value, np.zeros((), value.dtype))
+    xp = array_module(value)
+    return xp.where(_rows(active, value.ndim), value, xp.zeros((), value.dtype))
 
 
 def _as_rows(value: Any, batch: int, name: str, what: str) -> np.ndarray:
@@ -160,7 +166,7 @@ def _as_rows(value: Any, batch: int, name: str, what: str) -> np.ndarray:
     vectors) is taken as one row, which needs a batch of one sequence."""
     if isinstance(value, np.generic):
         value = np.asarray(value)
-    if not isinstance(value, np.ndarray):
+    if not isinstance(value, array_module(value).ndarray):
         raise ControlFlowError(f"recurrent: {what} '{name}' is not a tensor ({type(value)})")
     if value.ndim == 0 and batch == 1:
         return value.reshape(1)
@@ -179,7 +185,7 @@ def _step_value(frame, bound: dict[str, Any], name: str) -> Any:
     return frame.lookup(name) if value is None else value
 
 
-def _no_steps(block, name: str, batch: int) -> np.ndarray:
+def _no_steps(block, name: str, batch: int, xp) -> Any:
     """A step output stacked over zero steps: [batch, 0, ...] with the step variable's declared
     row shape, which must be known since no step ran to show it."""
     var = block.find_var(name)
@@ -190,7 +196,7 @@ def _no_steps(block, name: str, batch: int) -> np.ndarray:
             f"recurrent: the sequences have no time steps, and step output '{name}' is declared "
             f"{list(shape)}: its shape after the batch dim must be known to give an empty output"
         )
-    return np.zeros((batch, 0, *tail), dtype=var.dtype)
+    return xp.zeros((batch, 0, *tail), dtype=var.dtype)
 
 
 def _shape_only_slots(
@@ -269,6 +275,7 @@ class recurrent:
         memories, updates, outs = attrs["memories"], attrs["updates"], attrs["step_outputs"]
         in_names = op.input("Inputs")
         sequences = ctx.inputs("Inputs")
+        xp = ctx.device.xp
         batch, steps = _sequences(in_names, sequences)
         lengths_name = (op.input("Lengths") or [""])[0]
         lengths = _lengths(ctx.input("Lengths"), batch, steps, lengths_name)
@@ -277,7 +284,7 @@ class recurrent:
             current[name] = _as_rows(value, batch, boot_name, f"initial value of memory '{name}'")
         if steps == 0:
             # No step runs: memories keep their initial values, outputs have no time steps.
-            ctx.set_outputs("Outputs", [_no_steps(block, name, batch) for name in outs])
+            ctx.set_outputs("Outputs", [_no_steps(block, name, batch, xp) for name in outs])
             ctx.set_outputs("FinalMemories", [current[name] for name in memories])
             ctx.set_output("StepScopes", [])
             return
@@ -339,21 +346,21 @@ class recurrent:
                 if new is None and frame is not None:
                     new = _step_value(frame, dict(zip(bound_names, values)), update)
                 old = current[i]
-                if type(new) is not np.ndarray or new.shape != old.shape:
+                if type(new) is not type(old) or new.shape != old.shape:
                     new = _same_shape(new, old, name, update, t)
                 if active is not None:
-                    new = np.where(_rows(active, new.ndim), new, old)
+                    new = xp.where(_rows(active, new.ndim), new, old)
                 current[i] = new
             for i, (name, slot) in written:
                 value = env[slot] if slot is not None else None
                 if value is None and frame is not None:
                     value = _step_value(frame, dict(zip(bound_names, values)), name)
-                if type(value) is not np.ndarray or not value.ndim or value.shape[0] != batch:
+                if type(value) is not xp.ndarray or not value.ndim or value.shape[0] != batch:
                     value = _as_rows(value, batch, name, "step output")
                 out = stacked[i]
                 if out is None:
                     # every step writes all its rows unless lengths end some early
-                    make = np.empty if lengths is None else np.zeros
+                    make = xp.empty if lengths is None else xp.zeros
                     out = stacked[i] = make((batch, steps, *value.shape[1:]), value.dtype)
                 elif out.shape[2:] != value.shape[1:]:
                     raise ControlFlowError(
@@ -489,6 +496,7 @@ class recurrent_grad:
         boots = ctx.inputs("Boots")
         out_grads = ctx.inputs("Outputs" + GRAD_SUFFIX)
         scopes = ctx.input("StepScopes") or []
+        xp = ctx.device.xp
         batch, steps = _sequences(ctx.op.input("Inputs"), sequences)
         lengths = _lengths(ctx.input("Lengths"), batch, steps, "Lengths")
         x_grads: list[Any] = [None] * len(sequences)
@@ -551,12 +559,12 @@ class recurrent_grad:
             for name, k in memory_seeds:
                 grad = flowing.get(name)
                 if grad is None:
-                    grad = np.zeros_like(scope_array(scope, name))
+                    grad = xp.zeros_like(scope_array(scope, name))
                 if active is not None:
                     rows = _rows(active, grad.ndim)
                     passed = {} if passed is None else passed
-                    passed[name] = np.where(rows, np.zeros((), grad.dtype), grad)
-                    grad = np.where(rows, grad, np.zeros((), grad.dtype))
+                    passed[name] = xp.where(rows, xp.zeros((), grad.dtype), grad)
+                    grad = xp.where(rows, grad, xp.zeros((), grad.dtype))
                 seeds[k] = grad if seeds[k] is None else seeds[k] + grad
             env = None
             if direct is not None:
@@ -579,7 +587,7 @@ class recurrent_grad:
                 if grad is None:
                     grad = seeds[k] if k is not None else None
                     if grad is None:
-                        grad = np.zeros_like(scope_array(scope, name))
+                        grad = xp.zeros_like(scope_array(scope, name))
                 if passed is not None and (held := passed.get(name)) is not None:
                     grad = grad + held
                 flowing[name] = grad
@@ -613,7 +621,7 @@ class recurrent_grad:
         boot_grads = []
         for name, boot in zip(memories, boots):
             grad = flowing.get(name)
-            if grad is not None and np.ndim(boot) == 0:
+            if grad is not None and getattr(boot, "ndim", 0) == 0:
                 grad = grad.reshape(())
             boot_grads.append(grad)
         set_grads(ctx, "Inputs" + GRAD_SUFFIX, x_grads, sequences)
@@ -633,5 +641,5 @@ class rnn_memory_boot:
     def infer(Ref, shape, value, dtype):
         return VarInfo((Ref.shape[0] if Ref.shape else -1, *shape), dtype)
 
-    def forward(Ref, shape, value, dtype):
-        return np.full((np.shape(Ref)[0], *shape), value, dtype=dtype)
+    def forward(Ref, shape, value, dtype, xp):
+        return xp.full((Ref.shape[0], *shape), value, dtype=dtype)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.core.device_context import array_module
 from nestflow.errors import AttrError, ControlFlowError, MaxStepsExceededError
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc, Program
 from nestflow.ops.ifelse import (
@@ -88,7 +89,10 @@ def _read_names(program: Program) -> frozenset[str]:
 
 
 def _truth(value: Any, name: str) -> bool:
-    if not isinstance(value, np.ndarray) or value.dtype != np.bool_ or value.size != 1:
+    """The While condition's value, read on the host (on a device, the one read the loop's
+    meaning needs: whether to run another step)."""
+    is_array = isinstance(value, array_module(value).ndarray)
+    if not is_array or value.dtype != np.bool_ or value.size != 1:
         shape = list(getattr(value, "shape", []))
         kind = getattr(value, "dtype", type(value).__name__)
         raise ControlFlowError(
@@ -303,11 +307,13 @@ def zero_grad_like(value: Any) -> Any:
     """A zero gradient for `value`: zeros for a float array, an all-zero ArrayGrad for a list."""
     if isinstance(value, list):
         return ArrayGrad()
-    return np.zeros_like(value)
+    return array_module(value).zeros_like(value)
 
 
 def _index(value: Any, what: str) -> int:
-    array = np.asarray(value)
+    """A tensor array's index, read on the host (on a device too: it picks a Python list
+    element)."""
+    array = value if hasattr(value, "dtype") else np.asarray(value)
     if array.size != 1 or array.dtype.kind not in "iu":
         raise ControlFlowError(
             f"{what}: the index must be one integer, got {array.dtype}{list(array.shape)}"
@@ -357,7 +363,7 @@ class array_write:
         x_grad = grads[index] if index < len(grads) else None
         if index < len(grads):
             grads[index] = None  # the write replaced whatever the element held before
-        x_grad = np.zeros_like(X) if x_grad is None else x_grad
+        x_grad = array_module(X).zeros_like(X) if x_grad is None else x_grad
         return x_grad, (grads if Array is not None else None)
 
 
@@ -401,7 +407,8 @@ class array_length:
         return VarInfo((1,), "int64")
 
     def run(ctx):
-        ctx.set_output("Out", np.asarray([len(ctx.input("Array") or [])], dtype=np.int64))
+        length = [len(ctx.input("Array") or [])]
+        ctx.set_output("Out", ctx.device.xp.asarray(length, dtype=np.int64))
 
 
 @register_op
@@ -427,7 +434,7 @@ class array_to_tensor:
             )
         if not items:
             raise ControlFlowError("array_to_tensor: the array is empty")
-        ctx.set_output("Out", np.stack(items, axis=ctx.attrs["axis"]))
+        ctx.set_output("Out", ctx.device.xp.stack(items, axis=ctx.attrs["axis"]))
 
-    def backward(Array, Out, Out_grad, axis):
-        return (ArrayGrad(np.moveaxis(Out_grad, axis, 0)),)
+    def backward(Array, Out, Out_grad, axis, xp):
+        return (ArrayGrad(xp.moveaxis(Out_grad, axis, 0)),)

@@ -1,0 +1,267 @@
+"""Programs on a device place (DESIGN Places): the stand-in device runs the device code paths
+on the host, its arrays refusing implicit host conversion and NumPy calls as CuPy's do, so a
+program that trains or runs on it equal to CPUPlace shows no kernel hides a host transfer.
+Where CuPy finds a GPU, the same programs run on CUDAPlace(0) too."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nestflow as nf
+from nestflow.core import StandInPlace
+from nestflow.core.standin import StandInArray
+from nestflow.errors import FeedError, PlaceError
+from tests.ops.harness import DEVICE_PLACES
+
+L = nf.layers
+
+
+def _run_on(place, build, feeds, fetch_names=None, steps=1):
+    """Build with `build()` (returns the fetch list) in fresh programs, run the startup program
+    and then the main program once per feed of `feeds` on `place`; the fetches of every run and
+    the scope's persistables at the end, as NumPy."""
+    main, startup = nf.Program(), nf.Program()
+    main.random_seed = startup.random_seed = 7
+    with nf.program_guard(main, startup), nf.unique_name.guard():
+        fetch = build()
+    exe, scope = nf.Executor(place), nf.Scope()
+    exe.run(startup, scope=scope)
+    runs = [exe.run(main, feed=feed, fetch_list=fetch, scope=scope) for feed in feeds]
+    params = {
+        v.name: scope.find_var(v.name).get(nf.Tensor).numpy()
+        for v in main.global_block().vars.values()
+        if v.persistable and scope.find_var(v.name) is not None and v.type == "lod_tensor"
+    }
+    return runs, params, scope
+
+
+def _assert_same(build, feeds, place):
+    cpu_runs, cpu_params, _ = _run_on(nf.CPUPlace(), build, feeds)
+    dev_runs, dev_params, scope = _run_on(place, build, feeds)
+    for step, (want, got) in enumerate(zip(cpu_runs, dev_runs)):
+        for i, (w, g) in enumerate(zip(want, got)):
+            assert isinstance(g, np.ndarray), f"run {step} fetch {i}: {type(g).__name__}"
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=f"run {step} #{i}")
+    assert cpu_params.keys() == dev_params.keys()
+    for name, want in cpu_params.items():
+        np.testing.assert_allclose(dev_params[name], want, rtol=1e-6, atol=1e-7, err_msg=name)
+    return scope
+
+
+def _mlp():
+    x = L.data("x", [-1, 8])
+    label = L.data("label", [-1, 1], "int64")
+    h = L.fc(x, size=16, act="relu")
+    h = L.dropout(h, dropout_prob=0.25)
+    logits = L.fc(h, size=3)
+    loss = L.mean(L.softmax_with_cross_entropy(logits, label))
+    nf.optimizer.Adam(learning_rate=0.01).minimize(loss)
+    return [loss]
+
+
+def _conv():
+    image = L.data("image", [-1, 1, 8, 8])
+    label = L.data("label", [-1, 1], "int64")
+    h = L.conv2d(image, num_filters=4, filter_size=3, padding=1, act="relu")
+    h = L.batch_norm(h)
+    h = L.pool2d(h, pool_size=2, pool_stride=2)
+    logits = L.fc(h, size=3)
+    loss = L.mean(L.softmax_with_cross_entropy(logits, label))
+    nf.optimizer.Momentum(learning_rate=0.05, momentum=0.9).minimize(loss)
+    return [loss, logits]
+
+
+def _rnn():
+    x = L.data("x", [-1, 5, 3])
+    lengths = L.data("lengths", [-1], "int64")
+    label = L.data("label", [-1, 1], "int64")
+    rnn = nf.rnn()
+    with rnn.step():
+        word = rnn.step_input(x)
+        prev = rnn.memory(shape=[4], batch_ref=word)
+        h = L.fc([word, prev], size=4, act="tanh")
+        rnn.update_memory(prev, h)
+        rnn.step_output(h)
+    hidden = rnn(lengths=lengths)
+    last = L.reduce_mean(hidden, dim=1)
+    loss = L.mean(L.softmax_with_cross_entropy(L.fc(last, size=2), label))
+    nf.optimizer.SGD(learning_rate=0.1).minimize(loss)
+    return [loss, hidden]
+
+
+def _ifelse():
+    x = L.data("x", [-1, 4])
+    x.stop_gradient = False
+    cond = L.greater_than(
+        L.reduce_sum(x, dim=1, keep_dim=True), L.fill_constant([1], "float32", 0.0)
+    )
+    ie = nf.ifelse()
+    with ie.true_block():
+        ie.output(L.fc(ie.input(x), size=2, act="tanh"))
+    with ie.false_block():
+        ie.output(L.scale(ie.input(x), scale=-1.0)[:, :2])
+    (out,) = ie(cond)
+    loss = L.mean(out)
+    nf.optimizer.SGD(learning_rate=0.1).minimize(loss)
+    return [out, loss]
+
+
+def _while():
+    x = L.data("x", [-1, 2])
+    w = L.create_parameter([2, 2], "float32", name="w", initializer=nf.initializer.Uniform(-1, 1))
+    i = L.fill_constant([1], "int64", 0)
+    n = L.fill_constant([1], "int64", 3)
+    cond = L.less_than(i, n)
+    array = L.create_array("float32")
+    loop = nf.While(cond)
+    with loop.block():
+        h = L.tanh(L.matmul(x, w))
+        L.assign(h, output=x)
+        L.array_write(h, i, array)
+        L.increment(i)
+        L.less_than(i, n, out=cond)
+    return [x, L.array_to_tensor(array), L.array_length(array)]
+
+
+def _beam_search():
+    vocab, hidden = 6, 4
+    wx = L.create_parameter([3, hidden], "float32", name="wx")
+    wo = L.create_parameter([hidden, vocab], "float32", name="wo")
+
+    def cell(inputs, states):
+        h = L.tanh(L.matmul(inputs, wx) + states)
+        return h, h
+
+    decoder = L.BeamSearchDecoder(
+        cell,
+        0,
+        1,
+        3,
+        embedding_fn=lambda ids: L.embedding(ids, [vocab, 3], param_attr=nf.ParamAttr(name="emb")),
+        output_fn=lambda h: L.matmul(h, wo),
+    )
+    h0 = L.data("h0", [-1, hidden])
+    ids, final = L.dynamic_decode(decoder, inits=h0, max_step_num=5)
+    return [ids, final.log_probs]
+
+
+_rng = np.random.default_rng(0)
+_PROGRAMS = {
+    "mlp": (
+        _mlp,
+        [
+            {"x": _rng.normal(size=(6, 8)).astype("float32"), "label": _rng.integers(0, 3, (6, 1))}
+            for _ in range(3)
+        ],
+    ),
+    "conv": (
+        _conv,
+        [
+            {
+                "image": _rng.normal(size=(4, 1, 8, 8)).astype("float32"),
+                "label": _rng.integers(0, 3, (4, 1)),
+            }
+            for _ in range(2)
+        ],
+    ),
+    "rnn": (
+        _rnn,
+        [
+            {
+                "x": _rng.normal(size=(3, 5, 3)).astype("float32"),
+                "lengths": np.array([5, 2, 0]),
+                "label": _rng.integers(0, 2, (3, 1)),
+            }
+            for _ in range(2)
+        ],
+    ),
+    "ifelse": (_ifelse, [{"x": _rng.normal(size=(5, 4)).astype("float32")} for _ in range(2)]),
+    "while": (_while, [{"x": _rng.normal(size=(3, 2)).astype("float32")}]),
+    "beam_search": (_beam_search, [{"h0": _rng.normal(size=(2, 4)).astype("float32")}]),
+}
+
+
+@pytest.mark.parametrize("place", DEVICE_PLACES, ids=repr)
+@pytest.mark.parametrize("name", list(_PROGRAMS))
+def test_program_trains_and_runs_on_the_device_as_on_the_cpu(name, place):
+    build, feeds = _PROGRAMS[name]
+    scope = _assert_same(build, feeds, place)
+    # persistables stay on the device between runs
+    held = [
+        scope.find_var(n).get(nf.Tensor)
+        for n in scope.local_var_names()
+        if scope.find_var(n).is_type(nf.Tensor)
+    ]
+    assert held and all(t.place == place for t in held), [t.place for t in held]
+
+
+def test_fetch_without_numpy_gives_tensors_on_the_device():
+    x = L.data("x", [-1, 2])
+    y = L.scale(x, scale=2.0)
+    exe = nf.Executor(StandInPlace(0))
+    (t,) = exe.run(feed={"x": np.ones((1, 2), "float32")}, fetch_list=[y], return_numpy=False)
+    assert isinstance(t, nf.Tensor) and t.place == StandInPlace(0)
+    assert isinstance(t.data(), StandInArray)
+    assert t.numpy().tolist() == [[2.0, 2.0]]
+    assert t.to(nf.CPUPlace()).numpy().tolist() == [[2.0, 2.0]]
+
+
+def test_a_device_array_fed_to_a_cpu_program_is_a_clear_error():
+    x = L.data("x", [-1, 2])
+    y = L.scale(x, scale=2.0)
+    device_array = nf.device_context(StandInPlace(0)).to_device(np.ones((1, 2), "float32"))
+    with pytest.raises(FeedError, match=r"feed 'x' is an array on StandInPlace\(0\).*CPUPlace"):
+        nf.Executor().run(feed={"x": device_array}, fetch_list=[y])
+    # on its own place it is taken as it is
+    (got,) = nf.Executor(StandInPlace(0)).run(feed={"x": device_array}, fetch_list=[y])
+    assert got.tolist() == [[2.0, 2.0]]
+
+
+def test_the_stand_in_refuses_host_conversion_and_numpy_calls():
+    a = nf.device_context(StandInPlace(0)).to_device(np.arange(3.0))
+    with pytest.raises(TypeError, match="Implicit conversion"):
+        np.asarray(a)
+    with pytest.raises(TypeError, match="np.sum was called on a stand-in"):
+        np.sum(a)
+    with pytest.raises(TypeError, match="np.maximum was called"):
+        np.maximum(a, 0)
+    with pytest.raises(TypeError, match="mixed with stand-in device arrays"):
+        a + np.ones(3)
+    assert (a + 1).get().tolist() == [1.0, 2.0, 3.0]
+    assert a.get().tolist() == [0.0, 1.0, 2.0] and float(a.sum()) == 3.0
+
+
+def test_parameters_made_on_the_device_load_on_the_cpu(tmp_path):
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = L.data("x", [-1, 3])
+        y = L.fc(x, size=2)
+    exe, scope = nf.Executor(StandInPlace(0)), nf.Scope()
+    exe.run(startup, scope=scope)
+    xs = np.arange(6.0, dtype="float32").reshape(2, 3)
+    (want,) = exe.run(main, feed={"x": xs}, fetch_list=[y], scope=scope)
+    nf.io.save_inference_model(str(tmp_path), ["x"], [y], exe, main_program=main, scope=scope)
+    cpu_exe = nf.Executor(nf.CPUPlace())
+    program, feeds, fetches = nf.io.load_inference_model(str(tmp_path), cpu_exe)
+    (got,) = cpu_exe.run(program, feed={feeds[0]: xs}, fetch_list=fetches)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_dlpack_shares_memory_with_pytorch():
+    torch = pytest.importorskip("torch")
+    source = torch.arange(4.0)
+    t = nf.Tensor.from_dlpack(source)
+    source[0] = 9.0
+    assert t.place == nf.CPUPlace() and t.numpy().tolist() == [9.0, 1.0, 2.0, 3.0]
+    back = torch.from_dlpack(t)
+    back[1] = 7.0
+    assert t.numpy()[1] == 7.0
+
+
+def test_device_context_pool_gives_one_context_per_place():
+    a, b = nf.device_context(StandInPlace(0)), nf.device_context(StandInPlace(0))
+    assert a is b and a.xp is StandInPlace(0).array_module
+    assert nf.device_context(nf.CPUPlace()).xp is np
+    with pytest.raises(PlaceError, match="no device context"):
+        nf.device_context(object())
