@@ -24,8 +24,10 @@ from nestflow.core import (
     Scope,
     Tensor,
     Variable,
+    default_place,
     device_context,
     is_compiled_with_cuda,
+    set_default_place,
 )
 from nestflow.core.threads import get_num_threads, set_num_threads
 from nestflow.executor import (
@@ -131,8 +133,10 @@ __all__ = [
     "append_backward",
     "gradients",
     "data",
+    "default_place",
     "device_context",
     "is_compiled_with_cuda",
+    "set_default_place",
     "default_main_program",
     "default_startup_program",
     "errors",

@@ -38,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     demo.add_argument(
+        "--place",
+        default="cpu",
+        help="where the demo runs: cpu (default), cuda[:i] (a GPU through CuPy) or standin (the "
+        "stand-in device that checks the GPU code paths on the host)",
+    )
+    demo.add_argument(
         "--distributed",
         action="store_true",
         help="train the mlp on 2 MPI ranks (nestflow launch; needs nestflow[distributed])",
@@ -96,6 +102,10 @@ def _demo(args: argparse.Namespace, argv: list[str]) -> int:
         )
         return 2
     module = importlib.import_module(module_name)
+    import nestflow as nf
+    from nestflow.core.place import parse_place
+
+    nf.set_default_place(parse_place(args.place))
     if args.min_accuracy is None:
         args.min_accuracy = getattr(module, "MIN_ACCURACY", 0.97)
     return module.run(args)

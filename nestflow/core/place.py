@@ -157,6 +157,37 @@ class StandInPlace(Place):
 
 
 _HOST = CPUPlace()
+_default: list[Place] = [_HOST]
+
+
+def set_default_place(place: Place) -> None:
+    """Make `place` the one an `Executor()` given no place runs on, for the rest of the process
+    (Paddle's `set_device`): a script written for the CPU runs on a GPU with one line.
+
+    >>> nf.set_default_place(nf.CPUPlace()); nf.default_place()
+    CPUPlace()
+    """
+    if not isinstance(place, Place):
+        raise PlaceError(f"set_default_place needs a Place such as nf.CPUPlace(), got {place!r}")
+    _default[0] = place
+
+
+def default_place() -> Place:
+    """The place an `Executor()` given no place runs on (CPUPlace() unless set)."""
+    return _default[0]
+
+
+def parse_place(name: str) -> Place:
+    """A place from its command-line spelling: "cpu", "cuda" / "cuda:1", "standin"."""
+    kind, _, index = name.partition(":")
+    device_id = int(index) if index.isdigit() else 0
+    if kind == "cpu":
+        return CPUPlace()
+    if kind in ("cuda", "gpu"):
+        return CUDAPlace(device_id)
+    if kind == "standin":
+        return StandInPlace(device_id)
+    raise PlaceError(f"unknown place {name!r}: cpu, cuda[:i] or standin[:i]")
 
 
 def place_of(array) -> Place:

@@ -14,7 +14,7 @@ import numpy as np
 
 from nestflow.core.device_context import DeviceContext, device_context
 from nestflow.core.memory import keep_freed_memory
-from nestflow.core.place import CPUPlace, Place, is_array, place_of
+from nestflow.core.place import Place, default_place, is_array, place_of
 from nestflow.core.scope import _NOTHING_HELD, Scope
 from nestflow.core.tensor import Tensor
 from nestflow.errors import (
@@ -101,7 +101,7 @@ class Executor:
                 f"Executor(place): place must be a Place such as nf.CPUPlace(), got "
                 f"{type(place).__name__} {place!r}"
             )
-        self.place = place if place is not None else CPUPlace()
+        self.place = place if place is not None else default_place()
         self.device = device_context(self.place)
         self._check_nan_inf = check_nan_inf
         keep_freed_memory()

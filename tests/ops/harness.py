@@ -24,6 +24,7 @@ GPU where CuPy finds one. Their results must equal CPUPlace's (float64 to 1e-10,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +47,12 @@ DEVICE_CHECKED: set[str] = set()
 
 
 def _device_places() -> list[nf.Place]:
-    places: list[nf.Place] = [StandInPlace(0)]
+    """The stand-in, and CUDAPlace(0) where CuPy finds a GPU; NESTFLOW_TEST_DEVICES
+    ("standin", "cuda" or both, comma-separated) narrows them (make gpu-check runs CUDA alone)."""
+    wanted = os.environ.get("NESTFLOW_TEST_DEVICES", "standin,cuda").split(",")
+    places: list[nf.Place] = [StandInPlace(0)] if "standin" in wanted else []
     try:
-        if cuda_device_count():
+        if "cuda" in wanted and cuda_device_count():
             places.append(nf.CUDAPlace(0))
     except PlaceError:
         pass  # no CuPy or no driver: the stand-in alone
@@ -56,6 +60,16 @@ def _device_places() -> list[nf.Place]:
 
 
 DEVICE_PLACES = _device_places()
+# make gpu-check counts the op types checked on the device across pytest's processes from here.
+_CHECKED_LOG = os.environ.get("NESTFLOW_DEVICE_CHECKED_LOG")
+
+
+def _checked_on_device(op_types) -> None:
+    op_types = set(op_types) - DEVICE_CHECKED
+    DEVICE_CHECKED.update(op_types)
+    if _CHECKED_LOG and op_types:
+        with open(_CHECKED_LOG, "a") as log:
+            log.write("".join(f"{t}\n" for t in sorted(op_types)))
 
 
 def assert_equal_on_device(got, want, where: str) -> None:
@@ -126,7 +140,7 @@ class OpCase:
             for slot in expected:
                 for i, (g, c) in enumerate(zip(_listed(on_device[slot]), _listed(actual[slot]))):
                     assert_equal_on_device(g, c, f"{self.op_type} output {slot}[{i}] on {place}")
-            DEVICE_CHECKED.add(self.op_type)
+            _checked_on_device([self.op_type])
 
     # ---- gradient ----
 
@@ -175,7 +189,7 @@ class OpCase:
                 assert_equal_on_device(
                     on_device[name], analytic[name], f"{self.op_type} d/d{name} on {place}"
                 )
-            DEVICE_CHECKED.update(op.type for op in grad_program.block.ops)
+            _checked_on_device(op.type for op in grad_program.block.ops)
         for slot in self.grad:
             for i, (name, x) in enumerate(zip(forward.in_names[slot], _listed(inputs[slot]))):
                 where = f"{self.op_type} d/d{slot}[{i}]"
