@@ -49,7 +49,10 @@ def _known(name: Any) -> str:
 def set_flags(flags: Mapping[str, bool]) -> None:
     """Set each flag of `flags` (name -> value; a name may carry Fluid's `FLAGS_` prefix) for
     the rest of the process, in every thread. An unknown name or a value that is not a bool
-    -> AttrError, and then no flag changes."""
+    -> AttrError, and then no flag changes.
+
+    >>> nf.set_flags({"check_nan_inf": False})
+    """
     if not isinstance(flags, Mapping):
         raise AttrError(f"set_flags takes a dict of flag name -> value, got {type(flags).__name__}")
     checked = {}
@@ -63,7 +66,11 @@ def set_flags(flags: Mapping[str, bool]) -> None:
 
 def get_flags(names: str | Iterable[str]) -> dict[str, bool]:
     """{name: current value} for a flag name or a list of them, keyed as asked (with or
-    without Fluid's `FLAGS_` prefix). An unknown name -> AttrError."""
+    without Fluid's `FLAGS_` prefix). An unknown name -> AttrError.
+
+    >>> nf.get_flags(["check_nan_inf", "FLAGS_check_nan_inf"])
+    {'check_nan_inf': False, 'FLAGS_check_nan_inf': False}
+    """
     if isinstance(names, str):
         names = [names]
     elif not isinstance(names, Iterable):
