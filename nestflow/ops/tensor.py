@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import builtins
+import itertools
+import math
 import operator
 
 import numpy as np
@@ -19,10 +21,6 @@ def _static_shape(shape: list[int]) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _rng(seed: int) -> np.random.Generator:
-    return generator(seed)
-
-
 @register_op
 class fill_constant:
     """Out = a tensor of `shape` filled with `value`."""
@@ -33,8 +31,8 @@ class fill_constant:
     def infer(shape, dtype, value):
         return VarInfo(_static_shape(shape), dtype)
 
-    def forward(shape, dtype, value):
-        return np.full(shape, value, dtype=dtype)
+    def forward(shape, dtype, value, xp):
+        return xp.full(shape, value, dtype=dtype)
 
 
 @register_op
@@ -47,8 +45,8 @@ class uniform_random:
     def infer(shape, dtype, min, max, seed):
         return VarInfo(_static_shape(shape), dtype)
 
-    def forward(shape, dtype, min, max, seed):
-        return _rng(seed).uniform(min, max, size=shape).astype(dtype)
+    def forward(shape, dtype, min, max, seed, device):
+        return device.random(generator(seed)).uniform(min, max, size=shape).astype(dtype)
 
 
 @register_op
@@ -61,8 +59,8 @@ class gaussian_random:
     def infer(shape, dtype, mean, std, seed):
         return VarInfo(_static_shape(shape), dtype)
 
-    def forward(shape, dtype, mean, std, seed):
-        return _rng(seed).normal(mean, std, size=shape).astype(dtype)
+    def forward(shape, dtype, mean, std, seed, device):
+        return device.random(generator(seed)).normal(mean, std, size=shape).astype(dtype)
 
 
 # ---- copies and dtype ----
@@ -114,8 +112,8 @@ class increment:
     attrs = {"step": 1.0}
     infer = same_as(0)
 
-    def forward(X, step):
-        return np.asarray(X + step).astype(X.dtype, copy=False)
+    def forward(X, step, xp):
+        return xp.asarray(X + step).astype(X.dtype, copy=False)
 
     def backward(X, Out, Out_grad, step):
         return (Out_grad if is_floating(X.dtype) else None,)
@@ -128,8 +126,8 @@ class fill_zeros_like:
     inputs, outputs = ("X",), ("Out",)
     infer = same_as(0)
 
-    def forward(X):
-        return np.zeros_like(X)
+    def forward(X, xp):
+        return xp.zeros_like(X)
 
 
 @register_op
@@ -142,8 +140,8 @@ class fill_any_like:
     def infer(X, value, dtype):
         return VarInfo(X.shape, X.dtype if dtype is None else dtype_name(dtype))
 
-    def forward(X, value, dtype):
-        return np.full(X.shape, value, dtype=X.dtype if dtype is None else dtype)
+    def forward(X, value, dtype, xp):
+        return xp.full(X.shape, value, dtype=X.dtype if dtype is None else dtype)
 
 
 # ---- layout: reshape, transpose, concat, split, slice ----
@@ -173,8 +171,8 @@ def _resolve_reshape(x_shape: tuple[int, ...], shape: list[int]) -> list[int]:
 
 def _infer_reshape_dims(x_shape: tuple[int, ...], shape: list[int]) -> tuple[int, ...]:
     target = _resolve_reshape(x_shape, shape)
-    known_x = int(np.prod([d for d in x_shape if d >= 0]))
-    known_t = int(np.prod([d for d in target if d >= 0]))
+    known_x = math.prod(d for d in x_shape if d >= 0)
+    known_t = math.prod(d for d in target if d >= 0)
     unknown_x = sum(1 for d in x_shape if d < 0)
     copied_unknown = sum(1 for d in target if d == -2)
     mismatch = f"cannot reshape X {list(x_shape)} to {shape}"
@@ -206,9 +204,9 @@ class reshape:
     def infer(X, shape):
         return VarInfo(_infer_reshape_dims(X.shape, shape), X.dtype)
 
-    def specialize(X, shape):
+    def specialize(X, shape, xp):
         # X's shape known when built (the sizes were checked then; rank 0 is a Net's "not
-        # known yet"): a reshape to X's own shape is X itself (np.asarray returns it), any
+        # known yet"): a reshape to X's own shape is X itself (xp.asarray returns it), any
         # other X.reshape(*dims) bound as a C-level call; both views of X, as forward gives.
         # Views are safe: kernels never write their inputs, and the executor lends a buffer
         # to an in-place op only when nothing else holds its memory (plan._owned).
@@ -218,7 +216,7 @@ class reshape:
             return None
         dims = _infer_reshape_dims(X.shape, shape)
         if dims == tuple(X.shape):
-            return np.asarray
+            return xp.asarray
         # reshape(*dims) is faster than reshape(dims), but 0-d needs reshape(()).
         return operator.methodcaller("reshape", *(dims or ((),)))
 
@@ -255,11 +253,12 @@ class transpose:
             fail(f"axis {axis} is not a permutation of the {X.ndim} dims of X {list(X.shape)}")
         return VarInfo(tuple(X.shape[d] for d in axis), X.dtype)
 
-    def forward(X, axis):
-        return np.transpose(X, axis)
+    def forward(X, axis, xp):
+        return xp.transpose(X, axis)
 
-    def backward(X, Out, Out_grad, axis):
-        return (np.transpose(Out_grad, np.argsort([d % X.ndim for d in axis])),)
+    def backward(X, Out, Out_grad, axis, xp):
+        inverse = sorted(builtins.range(X.ndim), key=lambda i: axis[i] % X.ndim)
+        return (xp.transpose(Out_grad, inverse),)
 
 
 @register_op
@@ -293,12 +292,12 @@ class concat:
                     out[d] = b
         return VarInfo(tuple(out), first.dtype)
 
-    def forward(X, axis):
-        return np.concatenate(X, axis=axis)
+    def forward(X, axis, xp):
+        return xp.concatenate(X, axis=axis)
 
-    def backward(X, Out, Out_grad, axis):
-        bounds = np.cumsum([x.shape[axis] for x in X])[:-1]
-        return (np.split(Out_grad, bounds, axis=axis),)
+    def backward(X, Out, Out_grad, axis, xp):
+        bounds = list(itertools.accumulate(x.shape[axis] for x in X))[:-1]
+        return (xp.split(Out_grad, bounds, axis=axis),)
 
 
 def _split_sizes(dim: int, num: int, sections: list[int], where: str) -> list[int]:
@@ -342,16 +341,16 @@ class split:
         sizes = _split_sizes(X.shape[ax], num, sections, where)
         return [VarInfo(X.shape[:ax] + (s,) + X.shape[ax + 1 :], X.dtype) for s in sizes]
 
-    def forward(X, num, sections, axis):
+    def forward(X, num, sections, axis, xp):
         ax = axis % X.ndim
         sizes = _split_sizes(X.shape[ax], num, sections, f"dim {ax} of X {list(X.shape)}")
-        return np.split(X, np.cumsum(sizes)[:-1], axis=ax)
+        return xp.split(X, list(itertools.accumulate(sizes))[:-1], axis=ax)
 
-    def backward(X, Out, Out_grad, num, sections, axis):
+    def backward(X, Out, Out_grad, num, sections, axis, xp):
         # Parts no gradient flows to contribute zeros.
-        grads = [np.zeros_like(o) if g is None else g for o, g in zip(Out, Out_grad or [])]
-        grads += [np.zeros_like(o) for o in Out[len(grads) :]]
-        return (np.concatenate(grads, axis=axis),)
+        grads = [xp.zeros_like(o) if g is None else g for o, g in zip(Out, Out_grad or [])]
+        grads += [xp.zeros_like(o) for o in Out[len(grads) :]]
+        return (xp.concatenate(grads, axis=axis),)
 
 
 def _slices(shape, axes, starts, ends, where: str) -> list[builtins.slice]:
@@ -410,14 +409,14 @@ class slice:
         shape = tuple(_sliced_dim(d, s) for d, s in zip(Input.shape, index))
         return VarInfo(decreased_shape(shape, decrease_axis), Input.dtype)
 
-    def specialize(Input, axes, starts, ends, infer_flags, decrease_axis):
+    def specialize(Input, axes, starts, ends, infer_flags, decrease_axis, xp):
         # Input[index] bound as a C-level call; a slice keeping every dim (all known when
         # built) whole is Input itself. Views, as forward gives: see reshape.specialize.
         if Input is None or not Input.shape or decrease_axis:
             return None
         index = _slices(Input.shape, axes, starts, ends, "Input")
         if all(d >= 0 and s.indices(d) == (0, d, 1) for d, s in zip(Input.shape, index)):
-            return np.asarray
+            return xp.asarray
         return operator.itemgetter(tuple(index))
 
     def forward(Input, axes, starts, ends, infer_flags, decrease_axis):
@@ -425,8 +424,8 @@ class slice:
         out = Input[tuple(_slices(Input.shape, axes, starts, ends, "Input"))]
         return out.reshape(decreased_shape(out.shape, decrease_axis)) if decrease_axis else out
 
-    def backward(Input, Out, Out_grad, axes, starts, ends, infer_flags, decrease_axis):
-        grad = np.zeros(Input.shape, Out_grad.dtype)
+    def backward(Input, Out, Out_grad, axes, starts, ends, infer_flags, decrease_axis, xp):
+        grad = xp.zeros(Input.shape, Out_grad.dtype)
         index = tuple(_slices(Input.shape, axes, starts, ends, "Input"))
         grad[index] = Out_grad.reshape(grad[index].shape) if decrease_axis else Out_grad
         return (grad,)
@@ -465,8 +464,10 @@ class lookup_table:
 
     def forward(W, Ids, padding_idx):
         ids = Ids.reshape(_ids_shape(Ids.shape))
-        if ids.size and (ids.min() < 0 or ids.max() >= W.shape[0]):
-            bad = ids[(ids < 0) | (ids >= W.shape[0])]
+        outside = (ids < 0) | (ids >= W.shape[0])
+        # A host read the op needs: a device wraps bad ids around where they must raise.
+        if bool(outside.any()):
+            bad = ids[outside]
             raise ExecutionError(
                 f"Ids hold {bad[:5].tolist()} outside the table's rows [0, {W.shape[0]}) "
                 f"(W {list(W.shape)}, Ids {list(Ids.shape)})"
@@ -476,11 +477,11 @@ class lookup_table:
             out[ids == padding_idx] = 0
         return out
 
-    def backward(W, Ids, Out, Out_grad, padding_idx):
+    def backward(W, Ids, Out, Out_grad, padding_idx, xp, device):
         ids = Ids.reshape(-1)
-        grad = np.zeros_like(W, dtype=Out_grad.dtype)
+        grad = xp.zeros_like(W, dtype=Out_grad.dtype)
         # Repeated ids add up: add.at accumulates where fancy-index assignment would overwrite.
-        np.add.at(grad, ids, Out_grad.reshape(ids.size, W.shape[1]))
+        device.scatter_add(grad, ids, Out_grad.reshape(ids.size, W.shape[1]))
         if padding_idx != -1:
             grad[padding_idx] = 0
         return (grad,)
@@ -503,18 +504,19 @@ class dropout:
             raise AttrError(f"dropout_prob must be in [0, 1], got {dropout_prob}")
         return VarInfo(X.shape, X.dtype), VarInfo(X.shape, "uint8")
 
-    def forward(X, dropout_prob, is_test, seed):
+    def forward(X, dropout_prob, is_test, seed, xp, device):
         if is_test or dropout_prob == 0.0:
-            return X.copy(), np.ones(X.shape, np.uint8)
+            return X.copy(), xp.ones(X.shape, np.uint8)
         if dropout_prob == 1.0:
-            return np.zeros_like(X), np.zeros(X.shape, np.uint8)
-        mask = (generator(seed).random(X.shape) >= dropout_prob).astype(np.uint8)
-        return (X * mask * np.asarray(1.0 / (1.0 - dropout_prob), X.dtype)).astype(X.dtype), mask
+            return xp.zeros_like(X), xp.zeros(X.shape, np.uint8)
+        draws = device.random(generator(seed)).random(X.shape)
+        mask = (draws >= dropout_prob).astype(np.uint8)
+        return (X * mask * xp.asarray(1.0 / (1.0 - dropout_prob), X.dtype)).astype(X.dtype), mask
 
-    def backward(X, Out, Mask, Out_grad, Mask_grad, dropout_prob, is_test, seed):
+    def backward(X, Out, Mask, Out_grad, Mask_grad, dropout_prob, is_test, seed, xp):
         if is_test:
             return (Out_grad,)
         if dropout_prob == 1.0:
-            return (np.zeros_like(Out_grad),)
-        scale = np.asarray(1.0 / (1.0 - dropout_prob), Out_grad.dtype)
+            return (xp.zeros_like(Out_grad),)
+        scale = xp.asarray(1.0 / (1.0 - dropout_prob), Out_grad.dtype)
         return ((Out_grad * Mask * scale).astype(Out_grad.dtype),)

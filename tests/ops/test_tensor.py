@@ -9,7 +9,7 @@ import pytest
 
 import nestflow as nf
 from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
-from nestflow.ops.registry import get_op_def
+from nestflow.ops.registry import get_op_def, place_args
 from tests.ops.harness import OpCase, case_id
 
 L = nf.layers
@@ -428,12 +428,13 @@ def test_op(case):
 
 def test_cast_gradient_returns_to_the_input_dtype():
     x = np.array([1.0, 2.0], np.float32)
-    (grad,) = get_op_def("cast_grad").forward(
-        x, x.astype(np.float64), np.ones(2), out_dtype="float64"
+    cast_grad = get_op_def("cast_grad").forward
+    (grad,) = cast_grad(
+        x, x.astype(np.float64), np.ones(2), out_dtype="float64", **place_args(cast_grad)
     )
     assert grad.dtype == np.float32
-    (none,) = get_op_def("cast_grad").forward(
-        np.array([1, 2]), x, np.ones(2, np.float32), out_dtype="float32"
+    (none,) = cast_grad(
+        np.array([1, 2]), x, np.ones(2, np.float32), out_dtype="float32", **place_args(cast_grad)
     )
     assert none is None
 
@@ -535,7 +536,13 @@ def test_cast_and_dropout_attr_errors():
 
 
 def _dropout(x, **attrs):
-    return get_op_def("dropout").forward(x, **{"is_test": False, "seed": 0, **attrs})
+    forward = get_op_def("dropout").forward
+    return forward(x, **{"is_test": False, "seed": 0, **attrs}, **place_args(forward))
+
+
+def _dropout_grad(*args, **attrs):
+    backward = get_op_def("dropout_grad").forward
+    return backward(*args, **attrs, **place_args(backward))
 
 
 def test_dropout_keeps_about_one_minus_p_and_scales_the_kept():
@@ -562,7 +569,7 @@ def test_dropout_of_everything_is_zeros_without_dividing_by_zero():
     x = np.full((3, 4), 2.0)
     with np.errstate(all="raise"):
         out, mask = _dropout(x, dropout_prob=1.0)
-        (grad,) = get_op_def("dropout_grad").forward(
+        (grad,) = _dropout_grad(
             x, out, mask, np.ones_like(x), None, dropout_prob=1.0, is_test=False, seed=0
         )
     np.testing.assert_array_equal(out, np.zeros_like(x))
@@ -574,9 +581,7 @@ def test_dropout_grad_uses_the_mask():
     x = np.arange(6.0).reshape(2, 3)
     mask = np.array([[1, 0, 1], [0, 0, 1]], np.uint8)
     g = np.full((2, 3), 3.0)
-    (grad,) = get_op_def("dropout_grad").forward(
-        x, x * mask * 2, mask, g, None, dropout_prob=0.5, is_test=False, seed=0
-    )
+    (grad,) = _dropout_grad(x, x * mask * 2, mask, g, None, dropout_prob=0.5, is_test=False, seed=0)
     np.testing.assert_array_equal(grad, g * mask * 2)
 
 
