@@ -17,11 +17,13 @@ overrides declared shapes (fixing a dynamic dim the importer cannot resolve). Gr
 are the fetch variables, in order.
 
 Errors (all nf.errors classes): ProgramDecodeError for bytes or a file that is no ONNX model,
-or a graph that reads a value nothing defines; UnknownOpError for an op type outside the
-importer's table or the default ONNX domain (naming op and node); AttrError for an opset
-outside MIN_OPSET..MAX_OPSET or an attribute value the mapper does not support; DTypeError for
-an element type nestflow has no dtype for (strings, bfloat16, float8, complex); ShapeError for
-a shape the importer needs and cannot resolve.
+a graph that reads a value nothing defines or that ONNX forbids (check_graph), or external
+data it may not read; UnknownOpError for an op type outside the importer's table or the
+default ONNX domain (naming op and node); AttrError for an opset outside MIN_OPSET..MAX_OPSET
+or an attribute value the mapper does not support or ONNX does not allow; DTypeError for an
+element type nestflow has no dtype for (strings, bfloat16, float8, complex); ShapeError for a
+shape the importer needs and cannot resolve, or a constant too big to compute at import. A
+model is untrusted input: see docs/saving.md, "Untrusted ONNX models".
 """
 
 from __future__ import annotations
