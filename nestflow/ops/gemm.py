@@ -19,6 +19,9 @@ Winograd filter gradient, [36, 64, 1568] x [36, 64, 1568]^T: 7.7 ms against 8.5 
 [16, 4096] x [150, 4096]^T: 0.29 against 0.32 ms), while matmul_tn's pieces still won inside
 an RNN's train step (W3: 2.8 ms a step against 3.5 ms with one call). So matmul_nt sums long
 axes in pieces only where OpenBLAS's kernels are not the AVX-512 ones (`long_axes_in_pieces`).
+
+The functions take arrays of any place (`array_module`); the pieces are OpenBLAS's concern, so
+device arrays (cuBLAS) get one product.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+
+from nestflow.core.device_context import array_module
 
 # Rows of X and dOut per BLAS call in matmul_tn: of 64, 128 and 256, 128 was fastest on every
 # weight-gradient shape measured (outputs 64x128 to 784x256, 256 to 4,096 rows).
@@ -38,10 +43,11 @@ NT_PIECE = 512
 def matmul_tn(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     """x [K, M] transposed times g [K, N]: [M, N], the weight gradient of a product x @ W
     (K: the rows of a batch). Summed over pieces of TN_PIECE_ROWS rows when K is long (2-D
-    arrays; anything else is one np.matmul)."""
+    arrays; anything else is one matmul)."""
+    xp = array_module(x, g)
     rows = x.shape[0]
-    if rows < 2 * TN_PIECE_ROWS or x.ndim != 2 or g.ndim != 2:
-        return np.matmul(x.T, g)
+    if rows < 2 * TN_PIECE_ROWS or x.ndim != 2 or g.ndim != 2 or xp is not np:
+        return xp.matmul(x.T, g)
     pieces = range(0, rows, TN_PIECE_ROWS)
     return _summed((x[i : i + TN_PIECE_ROWS], g[i : i + TN_PIECE_ROWS]) for i in pieces)
 
@@ -49,13 +55,16 @@ def matmul_tn(x: np.ndarray, g: np.ndarray) -> np.ndarray:
 def matmul_tn_blocks(xs: Sequence[np.ndarray], gs: Sequence[np.ndarray]) -> np.ndarray:
     """The sum of xs[i]^T @ gs[i] over 2-D blocks with one column count each (a loop's steps):
     consecutive blocks are stacked into pieces of at least TN_PIECE_ROWS rows, one BLAS call
-    each, each piece stacked just before its call (while it is in cache)."""
+    each, each piece stacked just before its call (while it is in cache). Device arrays: one
+    product of the whole stacks."""
+    xp = array_module(*xs[:1], *gs[:1])
+    piece_rows = TN_PIECE_ROWS if xp is np else float("inf")
 
     def pieces():
         start, rows = 0, 0
         for stop, x in enumerate(xs, 1):
             rows += x.shape[0]
-            if rows >= TN_PIECE_ROWS or stop == len(xs):
+            if rows >= piece_rows or stop == len(xs):
                 yield _stacked(xs[start:stop]), _stacked(gs[start:stop])
                 start, rows = stop, 0
 
@@ -63,13 +72,13 @@ def matmul_tn_blocks(xs: Sequence[np.ndarray], gs: Sequence[np.ndarray]) -> np.n
 
 
 def _stacked(blocks: Sequence[np.ndarray]) -> np.ndarray:
-    return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+    return blocks[0] if len(blocks) == 1 else array_module(blocks[0]).concatenate(blocks)
 
 
 def _summed(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     total = None
     for x, g in pairs:
-        product = np.matmul(x.T, g)
+        product = array_module(x).matmul(x.T, g)
         if total is None:
             total = product
         else:
@@ -112,16 +121,17 @@ def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a [..., M, K] times b [..., N, K] transposed: [..., M, N] (a transposed view when
     M < N, so the larger of M, N becomes the rows). A long K into a small output (a filter
     gradient's 64x64 summed over 25,088 pixels) is summed in pieces of at most NT_PIECE where
-    `long_axes_in_pieces()` (not under OpenBLAS's AVX-512 kernels)."""
+    `long_axes_in_pieces()` (not under OpenBLAS's AVX-512 kernels, nor for device arrays)."""
+    xp = array_module(a, b)
     if a.shape[-2] < b.shape[-2]:
-        return np.swapaxes(matmul_nt(b, a), -1, -2)
+        return xp.swapaxes(matmul_nt(b, a), -1, -2)
     k = a.shape[-1]
     # only a long K into a small output; with N < 16 the calls' overhead outweighs the gain
-    chunked = b.shape[-2] >= 16 and k > 4 * a.shape[-2] and long_axes_in_pieces()
+    chunked = b.shape[-2] >= 16 and k > 4 * a.shape[-2] and xp is np and long_axes_in_pieces()
     pieces = max(1, -(-k // NT_PIECE)) if chunked else 1
     size = max(1, -(-k // pieces))
-    total = np.matmul(a[..., :size], np.swapaxes(b[..., :size], -1, -2))
+    total = xp.matmul(a[..., :size], xp.swapaxes(b[..., :size], -1, -2))
     for start in range(size, k, size):
         part = slice(start, start + size)
-        total += np.matmul(a[..., part], np.swapaxes(b[..., part], -1, -2))
+        total += xp.matmul(a[..., part], xp.swapaxes(b[..., part], -1, -2))
     return total

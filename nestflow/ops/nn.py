@@ -13,6 +13,9 @@ the filter gradient (`_ColumnsMemo`). Pooling loops over the kh*kw kernel
 offsets, each a vectorised operation on a strided view; no kernel loops over batch, channels or
 pixels in Python.
 
+The kernels run on any place: the helpers take their array module from the arrays they get
+(`array_module`), and each path is one body over it.
+
 Attrs that only steer Fluid's hardware back ends (use_cudnn, use_mkldnn, workspace_size_MB, ...)
 are accepted so Fluid programs load, and have no effect.
 """
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nestflow.core.device_context import array_module
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import winograd
@@ -124,7 +128,7 @@ def _nchw(x: np.ndarray, channel_last: bool) -> np.ndarray:
 
 
 def _from_nchw(y: np.ndarray, channel_last: bool) -> np.ndarray:
-    return np.ascontiguousarray(y.transpose(0, 2, 3, 1)) if channel_last else y
+    return array_module(y).ascontiguousarray(y.transpose(0, 2, 3, 1)) if channel_last else y
 
 
 def _spatial(shape: tuple[int, ...], channel_last: bool) -> tuple[int, int]:
@@ -153,7 +157,7 @@ def _padded(x: np.ndarray, pads, value: float = 0.0) -> np.ndarray:
     if not (top or bottom or left or right):
         return x
     n, c, h, w = x.shape
-    out = np.full((n, c, h + top + bottom, w + left + right), value, x.dtype)
+    out = array_module(x).full((n, c, h + top + bottom, w + left + right), value, x.dtype)
     out[:, :, top : top + h, left : left + w] = x
     return out
 
@@ -177,7 +181,8 @@ class _Layout:
         """x [N, C, H, W] in this layout, zero-padded by pads (top, bottom, left, right)."""
         top, bottom, left, right = pads
         n, c, h, w = x.shape
-        out = np.zeros((c,) + self.shape(n, (h + top + bottom, w + left + right)), x.dtype)
+        shape = (c,) + self.shape(n, (h + top + bottom, w + left + right))
+        out = array_module(x).zeros(shape, x.dtype)
         self.window(out, top, left, (1, 1), (h, w))[...] = self.from_nchw(x)
         return out
 
@@ -194,7 +199,7 @@ class _Layout:
 
     def to_nchw(self, a: np.ndarray) -> np.ndarray:
         """[C, ...] in this layout as a contiguous [N, C, H, W]."""
-        return np.ascontiguousarray(
+        return array_module(a).ascontiguousarray(
             a.transpose(3, 0, 1, 2) if self.batch_last else a.transpose(1, 0, 2, 3)
         )
 
@@ -210,7 +215,7 @@ def _phases(xt: np.ndarray, strides) -> np.ndarray:
     moves contiguous runs of OW, where the strided view reads every sh-th element."""
     (sh, sw), (c, n, hp, wp) = strides, xt.shape
     ph, pw = -(-hp // sh), -(-wp // sw)
-    out = np.zeros((sh, sw, c, n, ph, pw), xt.dtype)
+    out = array_module(xt).zeros((sh, sw, c, n, ph, pw), xt.dtype)
     for a in range(sh):
         for b in range(sw):
             view = xt[:, :, a::sh, b::sw]
@@ -223,7 +228,7 @@ def _im2col(xt: np.ndarray, k_hw, geo: _ConvGeometry, out_hw) -> np.ndarray:
     _layout(geo): one copy per kernel offset (read from _phases for a stride above 1)."""
     (kh, kw), (dh, dw), layout = k_hw, geo.dilations, _layout(geo)
     n = xt.shape[3] if layout.batch_last else xt.shape[1]
-    cols = np.empty(xt.shape[:1] + (kh, kw) + layout.shape(n, out_hw), xt.dtype)
+    cols = array_module(xt).empty(xt.shape[:1] + (kh, kw) + layout.shape(n, out_hw), xt.dtype)
     (sh, sw), (oh, ow) = geo.strides, out_hw
     # the phase split costs one copy of the input: worth it when many offsets read it (a 7x7
     # stride-2 conv's im2col takes a third less time; a 3x3 one's gains little)
@@ -246,7 +251,7 @@ def _col2im(cols: np.ndarray, padded_hw, geo: _ConvGeometry, out_hw) -> np.ndarr
     n = cols.shape[5] if layout.batch_last else cols.shape[3]
     if (kh, kw) == (1, 1) and geo.strides == (1, 1) and tuple(out_hw) == tuple(padded_hw):
         return cols[:, 0, 0]
-    out = np.zeros((c,) + layout.shape(n, padded_hw), cols.dtype)
+    out = array_module(cols).zeros((c,) + layout.shape(n, padded_hw), cols.dtype)
     for i in range(kh):
         for j in range(kw):
             view = layout.window(
@@ -373,8 +378,10 @@ def _columns(x: np.ndarray, k_hw, geo: _ConvGeometry, out_hw) -> np.ndarray:
 def _grouped_grad(grad: np.ndarray, geo: _ConvGeometry) -> np.ndarray:
     """grad [N, M, OH, OW] as [groups, M/g, OH * OW * N], the im2col GEMMs' layout."""
     n, m, oh, ow = grad.shape
-    return np.ascontiguousarray(_layout(geo).from_nchw(grad)).reshape(
-        geo.groups, m // geo.groups, oh * ow * n
+    return (
+        array_module(grad)
+        .ascontiguousarray(_layout(geo).from_nchw(grad))
+        .reshape(geo.groups, m // geo.groups, oh * ow * n)
     )
 
 
@@ -433,6 +440,7 @@ class _Epilogue:
 
     def apply(self, out: np.ndarray, first: int) -> None:
         """Finish out [n, M, OH, OW], images first..first + n of the batch, block by block."""
+        xp = array_module(out)
         n, m = out.shape[:2]
         pixels = max(1, out[:1, :1].size)
         images = max(1, _EPILOGUE_BLOCK // (m * pixels))
@@ -448,15 +456,15 @@ class _Epilogue:
                     start = first + i
                     rows = slice(start, start + len(block)) if res.shape[0] > 1 else slice(None)
                     block += res[rows, c : c + channels] if res.shape[1] > 1 else res[rows]
-                if self.relu:
-                    np.maximum(block, shared_zeros(block), out=block)
+                if self.relu:  # NumPy: shared zeros beat a scalar; CuPy takes the scalar
+                    xp.maximum(block, shared_zeros(block) if xp is np else 0, out=block)
 
 
 def _strided(x: np.ndarray, geo: _ConvGeometry) -> np.ndarray:
     """The pixels an unpadded 1x1 conv reads: every stride-th (a contiguous copy)."""
     if geo.strides == (1, 1):
         return x
-    return np.ascontiguousarray(x[:, :, :: geo.strides[0], :: geo.strides[1]])
+    return array_module(x).ascontiguousarray(x[:, :, :: geo.strides[0], :: geo.strides[1]])
 
 
 def _conv(
@@ -466,6 +474,7 @@ def _conv(
     filter gradient can reuse, as (tag, array), or None), `finish` applied to the output.
     Kernels by _kernel; im2col runs one GEMM per group over all images at once, as per-image
     GEMMs are too small on small images."""
+    xp = array_module(x)
     m, cg, kh, kw = w.shape
     g = geo.groups
     out_hw = geo.out_hw(x.shape[2:], (kh, kw))
@@ -473,11 +482,11 @@ def _conv(
     if kernel == "pointwise":
         pixels, filters = _per_image(_strided(x, geo), g), w.reshape(g, m // g, cg)
         if finish is None:
-            return np.matmul(filters, pixels).reshape((x.shape[0], m) + out_hw), None
+            return xp.matmul(filters, pixels).reshape((x.shape[0], m) + out_hw), None
         # image by image, each finished while its output is in cache
-        out = np.empty((x.shape[0], m) + out_hw, x.dtype)
+        out = xp.empty((x.shape[0], m) + out_hw, x.dtype)
         for i in range(x.shape[0]):
-            np.matmul(filters, pixels[i], out=out[i].reshape(g, m // g, -1))
+            xp.matmul(filters, pixels[i], out=out[i].reshape(g, m // g, -1))
             finish.apply(out[i : i + 1], i)
         return out, None
     out, kept = _unfinished_conv(x, w, geo, kernel, out_hw)
@@ -492,21 +501,22 @@ def _unfinished_conv(x, w, geo: _ConvGeometry, kernel: str, out_hw) -> tuple[np.
     if kernel == "winograd":
         out, v = winograd.conv(x, w, geo.pads)
         return out, (("winograd", geo), v)
-    n = x.shape[0]
+    xp, n = array_module(x), x.shape[0]
     cols = _columns(x, (kh, kw), geo, out_hw)
     filters = w.reshape(g, m // g, cg * kh * kw)
     if _layout(geo).batch_last:
         # [OH * OW * N, M/g] per group: OpenBLAS runs the product with few output rows slower
-        out = matmul_nt(np.swapaxes(cols, 1, 2), filters)
+        out = matmul_nt(xp.swapaxes(cols, 1, 2), filters)
         out = out.reshape((g,) + out_hw + (n, m // g)).transpose(3, 0, 4, 1, 2)
     else:  # [M/g, N * OH * OW] per group (as fast here): NCHW in runs of OH * OW
-        out = np.matmul(filters, cols).reshape((g, m // g, n) + out_hw).transpose(2, 0, 1, 3, 4)
-    return np.ascontiguousarray(out).reshape((n, m) + out_hw), (((kh, kw), geo), cols)
+        out = xp.matmul(filters, cols).reshape((g, m // g, n) + out_hw).transpose(2, 0, 1, 3, 4)
+    return xp.ascontiguousarray(out).reshape((n, m) + out_hw), (((kh, kw), geo), cols)
 
 
 def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None) -> np.ndarray:
     """d(conv)/d(input) applied to grad [N, M, OH, OW]: [N, C, H, W] for input size in_hw.
     grad_g: grad in _grouped_grad's layout, if the caller has it."""
+    xp = array_module(grad)
     m, cg, kh, kw = w.shape
     g = geo.groups
     kernel = _kernel(w.shape, geo, grad.shape[2:], grad.dtype, grad.shape[0])
@@ -515,17 +525,17 @@ def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None
         if dx is not None:
             return dx
     if kernel == "pointwise":
-        dx = np.matmul(w.reshape(g, m // g, cg).transpose(0, 2, 1), _per_image(grad, g))
+        dx = xp.matmul(w.reshape(g, m // g, cg).transpose(0, 2, 1), _per_image(grad, g))
         dx = dx.reshape((grad.shape[0], g * cg) + grad.shape[2:])
         if geo.strides == (1, 1):
             return dx
-        full = np.zeros((grad.shape[0], g * cg) + tuple(in_hw), grad.dtype)
+        full = xp.zeros((grad.shape[0], g * cg) + tuple(in_hw), grad.dtype)
         full[:, :, :: geo.strides[0], :: geo.strides[1]] = dx
         return full
     grad_g = _grouped_grad(grad, geo) if grad_g is None else grad_g
     wt = w.reshape(g, m // g, cg * kh * kw).transpose(0, 2, 1)
     layout, out_hw = _layout(geo), grad.shape[2:]
-    cols = np.matmul(wt, grad_g).reshape((g * cg, kh, kw) + layout.shape(grad.shape[0], out_hw))
+    cols = xp.matmul(wt, grad_g).reshape((g * cg, kh, kw) + layout.shape(grad.shape[0], out_hw))
     top, bottom, left, right = geo.pads
     h, wd = in_hw
     padded = _col2im(cols, (h + top + bottom, wd + left + right), geo, out_hw)
@@ -671,7 +681,7 @@ def _conv_forward(Input, Filter, Bias, ResidualData, relu_first: bool, attrs: di
     channel_last = _check_layout(attrs["data_format"])
     x = _nchw(Input, channel_last)
     if relu_first:
-        x = np.maximum(x, 0)
+        x = array_module(x).maximum(x, 0)
     geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
     out_shape = x.shape[:1] + Filter.shape[:1] + geo.out_hw(x.shape[2:], Filter.shape[2:])
     finish = _epilogue(Bias, ResidualData, out_shape, channel_last, attrs)
@@ -710,7 +720,7 @@ def _unfused_conv_backward(Input, Filter, Output, Output_grad, relu_first, attrs
     x = _nchw(Input, channel_last)
     grad = _nchw(Output_grad, channel_last)
     if relu_first:
-        x = np.maximum(x, 0)
+        x = array_module(x).maximum(x, 0)
     geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
     # both gradients' im2col GEMMs read the gradient in one layout: rearrange it once
     kernel = _kernel(Filter.shape, geo, grad.shape[2:], x.dtype, x.shape[0])
@@ -958,18 +968,19 @@ def _pool_offsets(geo: _PoolGeometry):
     return [(i, j) for i in range(geo.ksize[0]) for j in range(geo.ksize[1])]
 
 
-def _window_counts(size: int, k: int, s: int, pad: int, n_out: int) -> np.ndarray:
+def _window_counts(xp, size: int, k: int, s: int, pad: int, n_out: int) -> np.ndarray:
     """Per output position, how many input (not padding) elements its window covers."""
-    starts = np.arange(n_out) * s - pad
-    return np.minimum(starts + k, size) - np.maximum(starts, 0)
+    starts = xp.arange(n_out) * s - pad
+    return xp.minimum(starts + k, size) - xp.maximum(starts, 0)
 
 
-def _avg_divisor(x_hw, geo: _PoolGeometry, exclusive: bool, dtype) -> np.ndarray | float:
+def _avg_divisor(xp, x_hw, geo: _PoolGeometry, exclusive: bool, dtype) -> np.ndarray | float:
     if not exclusive:
         return float(geo.ksize[0] * geo.ksize[1])
-    rows = _window_counts(x_hw[0], geo.ksize[0], geo.strides[0], geo.pads[0], geo.out_hw[0])
-    cols = _window_counts(x_hw[1], geo.ksize[1], geo.strides[1], geo.pads[2], geo.out_hw[1])
-    return np.multiply.outer(rows, cols).astype(dtype)
+    ks, ss, pads, out_hw = geo.ksize, geo.strides, geo.pads, geo.out_hw
+    rows = _window_counts(xp, x_hw[0], ks[0], ss[0], pads[0], out_hw[0])
+    cols = _window_counts(xp, x_hw[1], ks[1], ss[1], pads[2], out_hw[1])
+    return (rows[:, None] * cols).astype(dtype)
 
 
 def _adaptive_bounds(size: int, n_out: int) -> list[tuple[int, int]]:
@@ -977,9 +988,10 @@ def _adaptive_bounds(size: int, n_out: int) -> list[tuple[int, int]]:
 
 
 def _adaptive_pool(x: np.ndarray, geo: _PoolGeometry, pooling_type: str) -> np.ndarray:
+    xp = array_module(x)
     n, c, h, w = x.shape
-    out = np.empty((n, c) + geo.out_hw, x.dtype)
-    reduce = np.max if pooling_type == "max" else np.mean
+    out = xp.empty((n, c) + geo.out_hw, x.dtype)
+    reduce = xp.max if pooling_type == "max" else xp.mean
     for a, (h0, h1) in enumerate(_adaptive_bounds(h, geo.out_hw[0])):
         for b, (w0, w1) in enumerate(_adaptive_bounds(w, geo.out_hw[1])):
             out[:, :, a, b] = reduce(x[:, :, h0:h1, w0:w1], axis=(2, 3))
@@ -987,9 +999,10 @@ def _adaptive_pool(x: np.ndarray, geo: _PoolGeometry, pooling_type: str) -> np.n
 
 
 def _adaptive_pool_grad(x, grad, geo: _PoolGeometry, pooling_type: str) -> np.ndarray:
+    xp = array_module(x)
     n, c, h, w = x.shape
-    dx = np.zeros_like(x, dtype=grad.dtype)
-    rows, chans = np.indices((n, c))
+    dx = xp.zeros_like(x, dtype=grad.dtype)
+    rows, chans = xp.indices((n, c))
     for a, (h0, h1) in enumerate(_adaptive_bounds(h, geo.out_hw[0])):
         for b, (w0, w1) in enumerate(_adaptive_bounds(w, geo.out_hw[1])):
             g = grad[:, :, a, b]
@@ -1005,42 +1018,44 @@ def _adaptive_pool_grad(x, grad, geo: _PoolGeometry, pooling_type: str) -> np.nd
 def _pool(x: np.ndarray, geo: _PoolGeometry, pooling_type: str, exclusive: bool) -> np.ndarray:
     if geo.adaptive:
         return _adaptive_pool(x, geo, pooling_type)
+    xp = array_module(x)
     if pooling_type == "max":
-        xp = _padded(x, _pool_pads(x.shape[2:], geo), -np.inf)
+        padded = _padded(x, _pool_pads(x.shape[2:], geo), -np.inf)
         out = None
         for i, j in _pool_offsets(geo):
-            view = _window(xp, i, j, geo.strides, geo.out_hw)
-            out = view.copy() if out is None else np.maximum(out, view, out=out)
+            view = _window(padded, i, j, geo.strides, geo.out_hw)
+            out = view.copy() if out is None else xp.maximum(out, view, out=out)
         return out
-    xp = _padded(x, _pool_pads(x.shape[2:], geo), 0.0)
+    padded = _padded(x, _pool_pads(x.shape[2:], geo), 0.0)
     out = None
     for i, j in _pool_offsets(geo):
-        view = _window(xp, i, j, geo.strides, geo.out_hw)
-        out = view.copy() if out is None else np.add(out, view, out=out)
-    out /= _avg_divisor(x.shape[2:], geo, exclusive, x.dtype)
+        view = _window(padded, i, j, geo.strides, geo.out_hw)
+        out = view.copy() if out is None else xp.add(out, view, out=out)
+    out /= _avg_divisor(xp, x.shape[2:], geo, exclusive, x.dtype)
     return out
 
 
 def _pool_grad(x, out, grad, geo: _PoolGeometry, pooling_type: str, exclusive: bool):
     if geo.adaptive:
         return _adaptive_pool_grad(x, grad, geo, pooling_type)
+    xp = array_module(x)
     top, left = geo.pads[0], geo.pads[2]
     h, w = x.shape[2:]
     if pooling_type == "max":
         # Each window's gradient goes to its first maximum in row-major order (Fluid's rule).
-        xp = _padded(x, _pool_pads(x.shape[2:], geo), -np.inf)
-        dxp = np.zeros(xp.shape, grad.dtype)
-        unclaimed = np.ones(out.shape, bool)
+        padded = _padded(x, _pool_pads(x.shape[2:], geo), -np.inf)
+        dxp = xp.zeros(padded.shape, grad.dtype)
+        unclaimed = xp.ones(out.shape, bool)
         for i, j in _pool_offsets(geo):
-            hit = _window(xp, i, j, geo.strides, geo.out_hw) == out
+            hit = _window(padded, i, j, geo.strides, geo.out_hw) == out
             hit &= unclaimed
             unclaimed &= ~hit
             view = _window(dxp, i, j, geo.strides, geo.out_hw)
             view += grad * hit
     else:
-        share = grad / _avg_divisor(x.shape[2:], geo, exclusive, grad.dtype)
+        share = grad / _avg_divisor(xp, x.shape[2:], geo, exclusive, grad.dtype)
         top, bottom, left, right = _pool_pads((h, w), geo)
-        dxp = np.zeros(x.shape[:2] + (h + top + bottom, w + left + right), grad.dtype)
+        dxp = xp.zeros(x.shape[:2] + (h + top + bottom, w + left + right), grad.dtype)
         for i, j in _pool_offsets(geo):
             view = _window(dxp, i, j, geo.strides, geo.out_hw)
             view += share
@@ -1099,7 +1114,7 @@ class pool2d:
 def _channel_window_sum(v: np.ndarray, n: int, before: int) -> np.ndarray:
     """sum_{t < n} v[:, c - before + t] per channel c (zeros outside [0, C))."""
     c = v.shape[1]
-    padded = np.zeros((v.shape[0], c + n - 1) + v.shape[2:], v.dtype)
+    padded = array_module(v).zeros((v.shape[0], c + n - 1) + v.shape[2:], v.dtype)
     padded[:, before : before + c] = v
     total = padded[:, 0:c].copy()
     for t in range(1, n):
@@ -1140,14 +1155,16 @@ class lrn:
         mid = _channel_window_sum(x * x, n, (n - 1) // 2)
         mid *= alpha
         mid += k
-        out = x * mid ** np.asarray(-beta, x.dtype)
+        out = x * mid ** x.dtype.type(-beta)
         return _from_nchw(out, channel_last), _from_nchw(mid, channel_last)
 
-    def backward(X, Out, MidOut, Out_grad, MidOut_grad, n, k, alpha, beta, data_format, **_hints):
+    def backward(
+        X, Out, MidOut, Out_grad, MidOut_grad, n, k, alpha, beta, data_format, xp, **_hints
+    ):
         # dX_i = g_i mid_i^-beta + 2 alpha X_i sum_{j: i in window(j)} (gm_j - beta g_j Out_j / mid_j)
         channel_last = _check_layout(data_format)
         x, out, mid = (_nchw(v, channel_last) for v in (X, Out, MidOut))
-        terms = np.zeros_like(x)
+        terms = xp.zeros_like(x)
         if Out_grad is not None:
             g = _nchw(Out_grad, channel_last)
             terms -= beta * g * out / mid
@@ -1157,7 +1174,7 @@ class lrn:
         dx = _channel_window_sum(terms, n, n - 1 - before)
         dx *= 2 * alpha * x
         if Out_grad is not None:
-            dx += g * mid ** np.asarray(-beta, x.dtype)
+            dx += g * mid ** x.dtype.type(-beta)
         return (_from_nchw(dx, channel_last),)
 
 
@@ -1203,8 +1220,8 @@ class flatten2:
     def infer(X, axis):
         return _infer_flatten(X, axis), VarInfo((0,) + X.shape, X.dtype)
 
-    def forward(X, axis):
-        return _flattened(X, axis), np.empty((0,) + X.shape, X.dtype)
+    def forward(X, axis, xp):
+        return _flattened(X, axis), xp.empty((0,) + X.shape, X.dtype)
 
     def backward(X, Out, XShape, Out_grad, XShape_grad, axis):
         return (Out_grad.reshape(X.shape),)

@@ -10,13 +10,15 @@ the outputs. Every transform over all tiles at once is one GEMM by a Kronecker p
 contiguous. The filter gradient uses the same identity transposed:
 dW = G' (sum over tiles of (A g_out A') * V) G. In float32 the results differ from direct
 convolution by about 1e-5 relative (the F(4x4, 3x3) transform's usual rounding).
+
+The functions take arrays of any place (`array_module`); CuPy has the strided views they use.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
+from nestflow.core.device_context import array_module
 from nestflow.ops.gemm import matmul_nt
 
 _BT = np.array(
@@ -66,6 +68,22 @@ def applies(w_shape, strides, dilations, groups, dtype) -> bool:
     )
 
 
+_ON_DEVICE: dict[tuple, object] = {}
+
+
+def _constant(matrix: np.ndarray, like):
+    """A transform matrix in like's dtype on like's place. Device copies are kept per matrix,
+    dtype and device: each would be a host-to-device transfer."""
+    xp = array_module(like)
+    if xp is np:
+        return matrix.astype(like.dtype)
+    key = (id(matrix), like.dtype.str, str(like.device))
+    made = _ON_DEVICE.get(key)
+    if made is None:
+        made = _ON_DEVICE[key] = xp.asarray(matrix, like.dtype)
+    return made
+
+
 def _blocks(out_hw) -> tuple[int, int]:
     return -(-out_hw[0] // _OUT), -(-out_hw[1] // _OUT)
 
@@ -74,28 +92,30 @@ def _hwn(x: np.ndarray, top: int, left: int, size_hw) -> np.ndarray:
     """x [N, C, H, W] as a zero-padded [C, size_h, size_w, N] with x at (top, left) (its far
     edge cropped where it reaches past size_hw)."""
     n, c, h, w = x.shape
-    out = np.zeros((c,) + tuple(size_hw) + (n,), x.dtype)
+    out = array_module(x).zeros((c,) + tuple(size_hw) + (n,), x.dtype)
     rows, cols = min(h, size_hw[0] - top), min(w, size_hw[1] - left)
     out[:, top : top + rows, left : left + cols] = x.transpose(1, 2, 3, 0)[:, :rows, :cols]
     return out
 
 
-def _tiles(xp: np.ndarray, size: int, blocks) -> np.ndarray:
-    """The size x size tiles every 4 rows and columns of xp [C, H, W, N]:
+def _tiles(padded: np.ndarray, size: int, blocks) -> np.ndarray:
+    """The size x size tiles every 4 rows and columns of padded [C, H, W, N]:
     [size * size, C * bh * bw * N]."""
-    c, _, _, n = xp.shape
-    sc, sh, sw, sn = xp.strides
-    view = as_strided(xp, (size, size, c) + tuple(blocks) + (n,), (sh, sw, sc, 4 * sh, 4 * sw, sn))
-    return np.ascontiguousarray(view).reshape(size * size, c * blocks[0] * blocks[1] * n)
+    xp = array_module(padded)
+    c, _, _, n = padded.shape
+    sc, sh, sw, sn = padded.strides
+    shape = (size, size, c) + tuple(blocks) + (n,)
+    view = xp.lib.stride_tricks.as_strided(padded, shape, (sh, sw, sc, 4 * sh, 4 * sw, sn))
+    return xp.ascontiguousarray(view).reshape(size * size, c * blocks[0] * blocks[1] * n)
 
 
 def input_transform(x: np.ndarray, pads, out_hw) -> np.ndarray:
     """V = Bt d Bt' of every input tile of x [N, C, H, W] padded by pads (top, bottom, left,
     right): [36, C, bh * bw * N]."""
     bh, bw = _blocks(out_hw)
-    xp = _hwn(x, pads[0], pads[2], (_OUT * bh + 2, _OUT * bw + 2))
-    d = _tiles(xp, _TILE, (bh, bw))
-    return (_INPUT.astype(x.dtype) @ d).reshape(_TILE * _TILE, x.shape[1], bh * bw * x.shape[0])
+    padded = _hwn(x, pads[0], pads[2], (_OUT * bh + 2, _OUT * bw + 2))
+    d = _tiles(padded, _TILE, (bh, bw))
+    return (_constant(_INPUT, x) @ d).reshape(_TILE * _TILE, x.shape[1], bh * bw * x.shape[0])
 
 
 def conv(x: np.ndarray, w: np.ndarray, pads) -> tuple[np.ndarray, np.ndarray]:
@@ -108,13 +128,13 @@ def conv(x: np.ndarray, w: np.ndarray, pads) -> tuple[np.ndarray, np.ndarray]:
     v = input_transform(x, pads, out_hw)
     # in the data's dtype: a float64 transform of a 512x512 filter costs more than the
     # products on a batch of 7x7 images, and float32 rounds it to ~3e-8 relative
-    u = (_FILTER.astype(x.dtype) @ w.reshape(m * c, 9).T).reshape(_TILE * _TILE, m, c)
-    products = np.matmul(u, v)  # [36, M, bh * bw * N]
-    y = (_OUTPUT.astype(x.dtype) @ products.reshape(_TILE * _TILE, m * bh * bw * n)).reshape(
+    u = (_constant(_FILTER, x) @ w.reshape(m * c, 9).T).reshape(_TILE * _TILE, m, c)
+    products = u @ v  # [36, M, bh * bw * N]
+    y = (_constant(_OUTPUT, x) @ products.reshape(_TILE * _TILE, m * bh * bw * n)).reshape(
         _OUT, _OUT, m, bh, bw, n
     )
     out = y.transpose(5, 2, 3, 0, 4, 1).reshape(n, m, _OUT * bh, _OUT * bw)
-    return np.ascontiguousarray(out[:, :, : out_hw[0], : out_hw[1]]), v
+    return array_module(x).ascontiguousarray(out[:, :, : out_hw[0], : out_hw[1]]), v
 
 
 def input_grad(grad: np.ndarray, w: np.ndarray, pads) -> np.ndarray | None:
@@ -122,7 +142,7 @@ def input_grad(grad: np.ndarray, w: np.ndarray, pads) -> np.ndarray | None:
     with the rotated filter. None when a padding exceeds 2 (the caller's general kernel)."""
     if max(pads) > 2:
         return None
-    rotated = np.ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+    rotated = array_module(w).ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
     return conv(grad, rotated, tuple(2 - p for p in pads))[0]
 
 
@@ -132,8 +152,8 @@ def filter_grad(v: np.ndarray, grad: np.ndarray) -> np.ndarray:
     bh, bw = _blocks((oh, ow))
     gp = _hwn(grad, 0, 0, (_OUT * bh, _OUT * bw))
     tiles = _tiles(gp, _OUT, (bh, bw))
-    transformed = (_OUTPUT.T.astype(grad.dtype) @ tiles).reshape(_TILE * _TILE, m, bh * bw * n)
+    transformed = (_constant(_OUTPUT, grad).T @ tiles).reshape(_TILE * _TILE, m, bh * bw * n)
     z = matmul_nt(transformed, v)  # [36, M, C]
     c = v.shape[1]
-    dw = (_FILTER.T.astype(grad.dtype) @ z.reshape(_TILE * _TILE, m * c)).reshape(3, 3, m, c)
-    return np.ascontiguousarray(dw.transpose(2, 3, 0, 1))
+    dw = (_constant(_FILTER, grad).T @ z.reshape(_TILE * _TILE, m * c)).reshape(3, 3, m, c)
+    return array_module(dw).ascontiguousarray(dw.transpose(2, 3, 0, 1))

@@ -123,3 +123,18 @@ def test_the_probe_reads_numpys_openblas_and_survives_a_failing_threadpoolctl(mo
 
     monkeypatch.setattr(threadpoolctl, "threadpool_info", broken)
     assert gemm._numpy_openblas_kernels() == ""
+
+
+def test_device_arrays_get_one_product_of_their_place(monkeypatch):
+    from nestflow.core import standin
+
+    monkeypatch.setattr(gemm, "_blas_kernels", ["haswell"])  # pieces for host arrays
+    rng = np.random.default_rng(4)
+    x, g = rng.standard_normal((700, 6)), rng.standard_normal((700, 5))
+    a, b = rng.standard_normal((64, 4 * NT_PIECE + 3)), rng.standard_normal((20, 4 * NT_PIECE + 3))
+    on = standin.xp.asarray
+    got = matmul_tn(on(x), on(g)), matmul_nt(on(a), on(b)), matmul_nt(on(b), on(a))
+    got += (matmul_tn_blocks([on(x[:300]), on(x[300:])], [on(g[:300]), on(g[300:])]),)
+    assert all(type(r) is standin.StandInArray for r in got)
+    for r, want in zip(got, (x.T @ g, a @ b.T, b @ a.T, x.T @ g)):
+        np.testing.assert_allclose(r.get(), want, rtol=1e-12, atol=1e-11)
