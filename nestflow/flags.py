@@ -14,9 +14,10 @@ Flags:
   float output of every op, sub-blocks included, and raises NanInfError naming the first op
   that produced NaN or Inf and the user's line that built it (as
   `Executor(check_nan_inf=True)`; an Executor or run given check_nan_inf=False explicitly
-  stays unchecked). It is slow: each op runs on its own instead of in the block's compiled
-  function, and each output is scanned (a W1 training step takes several times as long), so
-  turn it on to find where a NaN comes from, not for training runs.
+  stays unchecked). It costs time: each op runs on its own instead of in the block's
+  compiled function, and every output is scanned (W1's training step: 3.74 ms -> 4.05 ms,
+  one BLAS thread; the more and smaller the ops, the more it costs), so turn it on to find
+  where a NaN comes from rather than for every training run.
 """
 
 from __future__ import annotations
