@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from nestflow.errors import NestflowError
-from nestflow.ops.registry import get_op_def, register_op, registered_ops
+from nestflow.ops.registry import get_op_def, place_args, register_op, registered_ops
 from tests.ops.harness import OpCase, case_id
 from tests.ops.test_gradient_coverage import _op_test_cases
 
@@ -30,7 +30,8 @@ CASES = [
 
 def _kwargs(function, available: dict) -> dict:
     names = inspect.signature(function).parameters
-    return {name: available[name] for name in names if name in available}
+    wanted = {name: available[name] for name in names if name in available}
+    return {**wanted, **place_args(function)}  # CPUPlace's xp / device, where declared
 
 
 def _outputs(op_def, value) -> dict:
