@@ -14,6 +14,8 @@ layer_norm normalises each row of X flattened to 2-D at `begin_norm_axis`; Mean 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from nestflow.core.dtype import is_floating
@@ -107,37 +109,38 @@ class batch_norm:
             _check_vector(name, info, channels, X, what)
         _check_vector("Variance", Variance, channels, X, what)
         if MomentumTensor is not None and -1 not in MomentumTensor.shape:
-            if int(np.prod(MomentumTensor.shape)) != 1:
+            if math.prod(MomentumTensor.shape) != 1:
                 fail(f"MomentumTensor must hold one value, got {list(MomentumTensor.shape)}")
         stat = VarInfo((channels,), X.dtype)
         return VarInfo(X.shape, X.dtype), stat, stat, stat, stat
 
-    def forward(X, Scale, Bias, Mean, Variance, MomentumTensor, **attrs):
+    def forward(X, Scale, Bias, Mean, Variance, MomentumTensor, xp, **attrs):
         c_axis = _channel_axis(X.ndim, attrs["data_layout"])
         axes, shape = _per_channel(X.ndim, c_axis)
-        epsilon = np.asarray(attrs["epsilon"], X.dtype)
+        epsilon = X.dtype.type(attrs["epsilon"])
         running = _uses_running_stats(
             attrs["is_test"], attrs["use_global_stats"], attrs["trainable_statistics"]
         )
         count = X.size // max(X.shape[c_axis], 1)
         if running:
-            inv_std = 1.0 / np.sqrt(Variance + epsilon)
+            inv_std = 1.0 / xp.sqrt(Variance + epsilon)
             new_scale = (Scale * inv_std).reshape(shape)
             y = (X - Mean.reshape(shape)) * new_scale + Bias.reshape(shape)
             return y, Mean, Variance, Mean, inv_std
         if count <= 1:  # nothing to normalise over (Fluid: Y = X, statistics untouched)
-            zeros = np.zeros_like(Mean)
+            zeros = xp.zeros_like(Mean)
             return X.copy(), Mean, Variance, zeros, zeros.copy()
         mean = X.mean(axis=axes)
         centered = X - mean.reshape(shape)
-        var = np.mean(np.square(centered), axis=axes)
-        inv_std = 1.0 / np.sqrt(var + epsilon)
+        var = xp.mean(xp.square(centered), axis=axes)
+        inv_std = 1.0 / xp.sqrt(var + epsilon)
         y = centered * (Scale * inv_std).reshape(shape) + Bias.reshape(shape)
-        momentum = attrs["momentum"]
-        if MomentumTensor is not None:
-            momentum = float(np.asarray(MomentumTensor).reshape(-1)[0])
-        keep = np.asarray(momentum, X.dtype)
-        take = np.asarray(1.0 - momentum, X.dtype)
+        if MomentumTensor is None:
+            momentum = attrs["momentum"]
+            keep, take = X.dtype.type(momentum), X.dtype.type(1.0 - momentum)
+        else:  # [1], kept where it lives: 1 - momentum in float64, as for the attribute
+            momentum = MomentumTensor.reshape(-1)[:1].astype(np.float64)
+            keep, take = momentum.astype(X.dtype), (1.0 - momentum).astype(X.dtype)
         return y, Mean * keep + mean * take, Variance * keep + var * take, mean, inv_std
 
     def backward(
@@ -158,26 +161,28 @@ class batch_norm:
         SavedMean_grad,
         SavedVariance_grad,
         needs=(True, True, True),
+        *,
+        xp,
         **attrs,
     ):
         c_axis = _channel_axis(X.ndim, attrs["data_layout"])
         axes, shape = _per_channel(X.ndim, c_axis)
-        epsilon = np.asarray(attrs["epsilon"], X.dtype)
+        epsilon = X.dtype.type(attrs["epsilon"])
         running = _uses_running_stats(
             attrs["is_test"], attrs["use_global_stats"], attrs["trainable_statistics"]
         )
         count = X.size // max(X.shape[c_axis], 1)
         if not running and count <= 1:  # Y = X was copied through
-            zeros = np.zeros_like(Scale)
+            zeros = xp.zeros_like(Scale)
             return Y_grad.copy(), zeros, zeros.copy()
         if running:
-            mean, inv_std = Mean, 1.0 / np.sqrt(Variance + epsilon)
+            mean, inv_std = Mean, 1.0 / xp.sqrt(Variance + epsilon)
         elif SavedMean is not None and SavedVariance is not None:
             mean, inv_std = SavedMean, SavedVariance
         else:  # the forward op kept no statistics: compute them again
             mean = X.mean(axis=axes)
-            inv_std = 1.0 / np.sqrt(
-                np.mean(np.square(X - mean.reshape(shape)), axis=axes) + epsilon
+            inv_std = 1.0 / xp.sqrt(
+                xp.mean(xp.square(X - mean.reshape(shape)), axis=axes) + epsilon
             )
         x_hat = (X - mean.reshape(shape)) * inv_std.reshape(shape)
         bias_grad = Y_grad.sum(axis=axes)
@@ -202,8 +207,8 @@ class batch_norm:
 def _rows_and_width(shape: tuple[int, ...], axis: int) -> tuple[int, int]:
     """X flattened to [rows, width] at `axis` (-1 where a dim is unknown)."""
     lead, tail = shape[:axis], shape[axis:]
-    rows = -1 if -1 in lead else int(np.prod(lead, dtype=np.int64))
-    width = -1 if -1 in tail else int(np.prod(tail, dtype=np.int64))
+    rows = -1 if -1 in lead else math.prod(lead)
+    width = -1 if -1 in tail else math.prod(tail)
     return rows, width
 
 
@@ -232,13 +237,13 @@ class layer_norm:
         stat = VarInfo((rows,), X.dtype)
         return VarInfo(X.shape, X.dtype), stat, stat
 
-    def forward(X, Scale, Bias, epsilon, begin_norm_axis, is_test, use_mkldnn):
+    def forward(X, Scale, Bias, epsilon, begin_norm_axis, is_test, use_mkldnn, xp):
         rows, width = _rows_and_width(X.shape, begin_norm_axis)
         x = X.reshape(rows, width)
         mean = x.mean(axis=1)
         centered = x - mean[:, None]
-        var = np.mean(np.square(centered), axis=1)
-        y = centered * (1.0 / np.sqrt(var + np.asarray(epsilon, X.dtype)))[:, None]
+        var = xp.mean(xp.square(centered), axis=1)
+        y = centered * (1.0 / xp.sqrt(var + X.dtype.type(epsilon)))[:, None]
         if Scale is not None:
             y = y * Scale
         if Bias is not None:
@@ -260,14 +265,16 @@ class layer_norm:
         is_test,
         use_mkldnn,
         needs=(True, True, True),
+        *,
+        xp,
     ):
         rows, width = _rows_and_width(X.shape, begin_norm_axis)
         x = X.reshape(rows, width)
         dy = Y_grad.reshape(rows, width)
         if Mean is None or Variance is None:
             Mean = x.mean(axis=1)
-            Variance = np.mean(np.square(x - Mean[:, None]), axis=1)
-        inv_std = (1.0 / np.sqrt(Variance + np.asarray(epsilon, X.dtype)))[:, None]
+            Variance = xp.mean(xp.square(x - Mean[:, None]), axis=1)
+        inv_std = (1.0 / xp.sqrt(Variance + X.dtype.type(epsilon)))[:, None]
         x_hat = (x - Mean[:, None]) * inv_std
         scale_grad = (dy * x_hat).sum(axis=0) if Scale is not None and needs[1] else None
         bias_grad = dy.sum(axis=0) if Bias is not None and needs[2] else None
