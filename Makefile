@@ -10,7 +10,7 @@ BENCH_DEPS := $(VENV)/.bench
 PROTO_DEPS := $(VENV)/.proto
 DOCS_DEPS := $(VENV)/.docs
 
-.PHONY: test demo bench proto docs lint clean onnx-node-tests
+.PHONY: test demo bench proto docs lint clean onnx-node-tests gpu-check
 
 $(BASE):
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,13 @@ demo: $(DEMO_DEPS)
 
 bench: $(BENCH_DEPS)
 	$(BIN)/python bench/run_all.py
+
+# On a GPU machine (CuPy and PyTorch CUDA already there; nothing is installed): every op on
+# CUDAPlace against CPUPlace, the demos trained on the GPU, a GPU-saved model loaded on the CPU,
+# W1/W3/W8/W10 against PyTorch CUDA; one report file, gpu_check.md (or $OUT/gpu_check.md).
+GPU_PY ?= python3
+gpu-check:
+	PYTHONPATH=.:bench $(GPU_PY) bench/gpu_check.py --report $${OUT:-.}/gpu_check.md
 
 # ONNX's node test cases through onnx.backend.test.BackendTest; prints run/passed/excluded.
 onnx-node-tests: $(TEST_DEPS)

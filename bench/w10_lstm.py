@@ -28,8 +28,11 @@ def batch(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((BATCH, T, N_IN)).astype("float32")
 
 
-def make_nestflow_step(xs: np.ndarray) -> tuple[Callable[[], float], dict[str, np.ndarray]]:
-    """The train step (returns the loss) and the initial parameters by PyTorch-style key."""
+def make_nestflow_step(
+    xs: np.ndarray, place=None
+) -> tuple[Callable[[], float], dict[str, np.ndarray]]:
+    """The train step (returns the loss) and the initial parameters by PyTorch-style key, on
+    `place` (default CPUPlace)."""
     import nestflow as nf
 
     main, startup = nf.Program(), nf.Program()
@@ -38,7 +41,7 @@ def make_nestflow_step(xs: np.ndarray) -> tuple[Callable[[], float], dict[str, n
         out, _h, _c = nf.layers.lstm(x, N_HID, name="lstm")
         loss = nf.layers.mean(out)
         nf.optimizer.SGD(learning_rate=LR).minimize(loss)
-    exe, scope = nf.Executor(nf.CPUPlace()), nf.Scope()
+    exe, scope = nf.Executor(place or nf.CPUPlace()), nf.Scope()
     nf.seed(0)
     exe.run(startup, scope=scope)
     params = {k: scope.find_var(f"lstm.{k}").get(nf.Tensor).numpy().copy() for k in TORCH_NAMES}
@@ -51,13 +54,14 @@ def make_nestflow_step(xs: np.ndarray) -> tuple[Callable[[], float], dict[str, n
     return step, params
 
 
-def make_torch_lstm_step(xs, params, torch) -> Callable[[], float]:
+def make_torch_lstm_step(xs, params, torch, device="cpu") -> Callable[[], float]:
     module = torch.nn.LSTM(N_IN, N_HID, batch_first=True)
     with torch.no_grad():
         for key, name in TORCH_NAMES.items():
             getattr(module, f"{name}_l0").copy_(torch.from_numpy(params[key]))
+    module = module.to(device)
     opt = torch.optim.SGD(module.parameters(), lr=LR)
-    tx = torch.from_numpy(xs)
+    tx = torch.from_numpy(xs).to(device)
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
@@ -70,17 +74,18 @@ def make_torch_lstm_step(xs, params, torch) -> Callable[[], float]:
     return step
 
 
-def make_torch_cell_step(xs, params, torch) -> Callable[[], float]:
+def make_torch_cell_step(xs, params, torch, device="cpu") -> Callable[[], float]:
     cell = torch.nn.LSTMCell(N_IN, N_HID)
     with torch.no_grad():
         for key, name in TORCH_NAMES.items():
             getattr(cell, name).copy_(torch.from_numpy(params[key]))
+    cell = cell.to(device)
     opt = torch.optim.SGD(cell.parameters(), lr=LR)
-    tx = torch.from_numpy(xs)
+    tx = torch.from_numpy(xs).to(device)
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
-        h = c = torch.zeros(BATCH, N_HID)
+        h = c = torch.zeros(BATCH, N_HID, device=device)
         outs = []
         for t in range(T):
             h, c = cell(tx[:, t], (h, c))

@@ -41,8 +41,9 @@ def initial_params(seed: int = 0) -> Params:
     return params
 
 
-def make_nestflow_step(xs, ys) -> tuple[Callable[[], float], Params]:
-    """The nestflow train step and its initial parameters (raises if nestflow can't train)."""
+def make_nestflow_step(xs, ys, place=None) -> tuple[Callable[[], float], Params]:
+    """The nestflow train step and its initial parameters (raises if nestflow can't train);
+    on `place` (default CPUPlace)."""
     import nestflow as nf
 
     main, startup = nf.Program(), nf.Program()
@@ -54,7 +55,7 @@ def make_nestflow_step(xs, ys) -> tuple[Callable[[], float], Params]:
         logits = nf.layers.fc(h, SIZES[3], name="fc3")
         loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, y))
         nf.optimizer.SGD(learning_rate=LR).minimize(loss)
-    exe = nf.Executor(nf.CPUPlace())
+    exe = nf.Executor(place or nf.CPUPlace())
     scope = nf.Scope()
     exe.run(startup, scope=scope)
     params = {
@@ -108,9 +109,9 @@ def make_numpy_step(xs, ys, params: Params) -> Callable[[], float]:
     return step
 
 
-def make_torch_step(xs, ys, params: Params, torch, wrap=None) -> Callable[[], float]:
-    """The PyTorch train step; `wrap(model)` (say DistributedDataParallel) wraps the model the
-    step runs, its optimizer updating the same parameters."""
+def make_torch_step(xs, ys, params: Params, torch, wrap=None, device="cpu") -> Callable[[], float]:
+    """The PyTorch train step on `device`; `wrap(model)` (say DistributedDataParallel) wraps the
+    model the step runs, its optimizer updating the same parameters."""
     layers = []
     for i, (n_in, n_out) in enumerate(zip(SIZES[:-1], SIZES[1:]), start=1):
         linear = torch.nn.Linear(n_in, n_out)
@@ -118,11 +119,11 @@ def make_torch_step(xs, ys, params: Params, torch, wrap=None) -> Callable[[], fl
             linear.weight.copy_(torch.from_numpy(params[f"fc{i}.w"].T.copy()))
             linear.bias.copy_(torch.from_numpy(params[f"fc{i}.b"]))
         layers += [linear, torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers[:-1])
+    model = torch.nn.Sequential(*layers[:-1]).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     if wrap is not None:
         model = wrap(model)
-    tx, ty = torch.from_numpy(xs), torch.from_numpy(ys[:, 0])
+    tx, ty = torch.from_numpy(xs).to(device), torch.from_numpy(ys[:, 0]).to(device)
     cross_entropy = torch.nn.functional.cross_entropy
 
     def step() -> float:

@@ -28,9 +28,9 @@ def data(seed: int = 0):
     return xs, wx, wh
 
 
-def make_nestflow_step(xs, wx, wh, train: bool = True) -> Callable[[], object]:
+def make_nestflow_step(xs, wx, wh, train: bool = True, place=None) -> Callable[[], object]:
     """The train step (returns the loss), or with train=False the forward alone (returns the
-    stacked outputs)."""
+    stacked outputs); on `place` (default CPUPlace)."""
     import nestflow as nf
 
     main, startup = nf.Program(), nf.Program()
@@ -52,7 +52,7 @@ def make_nestflow_step(xs, wx, wh, train: bool = True) -> Callable[[], object]:
         if train:
             loss = nf.layers.mean(out)
             nf.optimizer.SGD(learning_rate=LR).minimize(loss)
-    exe = nf.Executor(nf.CPUPlace())
+    exe = nf.Executor(place or nf.CPUPlace())
     scope = nf.Scope()
     exe.run(startup, scope=scope)
     for name, value in (("rnn.wx", wx), ("rnn.wh", wh)):
@@ -155,15 +155,15 @@ def make_numpy_step(xs, wx, wh) -> Callable[[], float]:
     return step
 
 
-def make_torch_step(xs, wx, wh, torch) -> Callable[[], float]:
-    w_x = torch.nn.Parameter(torch.from_numpy(wx.copy()))
-    w_h = torch.nn.Parameter(torch.from_numpy(wh.copy()))
+def make_torch_step(xs, wx, wh, torch, device="cpu") -> Callable[[], float]:
+    w_x = torch.nn.Parameter(torch.from_numpy(wx.copy()).to(device))
+    w_h = torch.nn.Parameter(torch.from_numpy(wh.copy()).to(device))
     opt = torch.optim.SGD([w_x, w_h], lr=LR)
-    tx = torch.from_numpy(xs)
+    tx = torch.from_numpy(xs).to(device)
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
-        h = torch.zeros(BATCH, N_HID)
+        h = torch.zeros(BATCH, N_HID, device=device)
         outs = []
         for t in range(T):
             h = torch.tanh(tx[:, t] @ w_x + h @ w_h)

@@ -67,8 +67,9 @@ def initial_params(seed: int = 0) -> Params:
     return params
 
 
-def make_nestflow_step(xs, ys) -> tuple[Callable[[], float], Params]:
-    """The nestflow train step and its initial parameters (raises if nestflow can't train)."""
+def make_nestflow_step(xs, ys, place=None) -> tuple[Callable[[], float], Params]:
+    """The nestflow train step and its initial parameters (raises if nestflow can't train);
+    on `place` (default CPUPlace)."""
     import nestflow as nf
 
     main, startup = nf.Program(), nf.Program()
@@ -84,7 +85,7 @@ def make_nestflow_step(xs, ys) -> tuple[Callable[[], float], Params]:
         logits = nf.layers.fc(h, CLASSES, name="fc3")
         loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, y))
         nf.optimizer.SGD(learning_rate=LR).minimize(loss)
-    exe = nf.Executor(nf.CPUPlace())
+    exe = nf.Executor(place or nf.CPUPlace())
     scope = nf.Scope()
     exe.run(startup, scope=scope)
     params = {name: np.array(scope.find_var(name).get(nf.Tensor).numpy()) for name in SHAPES}
@@ -97,7 +98,7 @@ def make_nestflow_step(xs, ys) -> tuple[Callable[[], float], Params]:
     return step, params
 
 
-def make_torch_step(xs, ys, params: Params, torch) -> Callable[[], float]:
+def make_torch_step(xs, ys, params: Params, torch, device="cpu") -> Callable[[], float]:
     nn = torch.nn
     model = nn.Sequential(
         nn.Conv2d(1, 6, 5),
@@ -120,8 +121,9 @@ def make_torch_step(xs, ys, params: Params, torch) -> Callable[[], float]:
             w = params[f"{name}.w"]
             layer.weight.copy_(torch.from_numpy(w if w.ndim == 4 else w.T.copy()))
             layer.bias.copy_(torch.from_numpy(params[f"{name}.b"]))
+    model = model.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    tx, ty = torch.from_numpy(xs), torch.from_numpy(ys[:, 0])
+    tx, ty = torch.from_numpy(xs).to(device), torch.from_numpy(ys[:, 0]).to(device)
     cross_entropy = torch.nn.functional.cross_entropy
 
     def step() -> float:

@@ -261,7 +261,7 @@ def _line_of(text: str) -> int:
     return next(i for i, line in enumerate(lines, 1) if text in line and "_line_of" not in line)
 
 
-def test_a_random_op_does_not_export():
+def test_a_random_op_does_not_export(tmp_path):
     main, startup = nf.Program(), nf.Program()
     with nf.program_guard(main, startup):
         x = nf.data("x", [-1, 4])
@@ -271,19 +271,19 @@ def test_a_random_op_does_not_export():
         )
         y = x + noise
     with pytest.raises(UnknownOpError, match="op 'uniform_random'.*random ops"):
-        nf.onnx.export(main, "unused.onnx", ["x"], [y], nf.Scope())
+        nf.onnx.export(main, str(tmp_path / "unused.onnx"), ["x"], [y], nf.Scope())
 
 
-def test_training_ops_do_not_export():
+def test_training_ops_do_not_export(tmp_path):
     """Fetching a parameter that the optimizer updates pulls in the backward pass."""
     main, startup, _, loss = _mlp_program()
     scope = nf.Scope()
     nf.Executor().run(startup, scope=scope)
     with pytest.raises(UnknownOpError, match="_grad' cannot be exported.*training"):
-        nf.onnx.export(main, "unused.onnx", ["x", "label"], ["hidden.w"], scope)
+        nf.onnx.export(main, str(tmp_path / "unused.onnx"), ["x", "label"], ["hidden.w"], scope)
 
 
-def test_collective_ops_do_not_export():
+def test_collective_ops_do_not_export(tmp_path):
     from nestflow.ops.registry import has_op
 
     if not has_op("c_allreduce_sum"):
@@ -294,27 +294,29 @@ def test_collective_ops_do_not_export():
         total = main.global_block().create_var("total")
         main.global_block().append_op("c_allreduce_sum", {"X": [x]}, {"Out": [total]})
     with pytest.raises(UnknownOpError, match="op 'c_allreduce_sum'.*MPI ranks"):
-        nf.onnx.export(main, "unused.onnx", ["x"], [total], nf.Scope())
+        nf.onnx.export(main, str(tmp_path / "unused.onnx"), ["x"], [total], nf.Scope())
 
 
 @pytest.mark.parametrize("opset", [MIN_OPSET - 1, MAX_OPSET + 1, "17"])
-def test_opsets_outside_the_supported_range(opset):
+def test_opsets_outside_the_supported_range(opset, tmp_path):
     main, scope, x, y = _fc_program()
     with pytest.raises(AttrError, match=f"{MIN_OPSET} to {MAX_OPSET}|must be an int"):
-        nf.onnx.export(main, "unused.onnx", ["x"], [y], scope, opset_version=opset)
+        nf.onnx.export(main, str(tmp_path / "unused.onnx"), ["x"], [y], scope, opset_version=opset)
 
 
-def test_scatter_adding_needs_opset_16():
+def test_scatter_adding_needs_opset_16(tmp_path):
     main, startup = nf.Program(), nf.Program()
     with nf.program_guard(main, startup):
         x = nf.data("x", [-1, 3])
         ids = nf.data("ids", [-1], "int64")
         out = L.scatter(x, ids, x, overwrite=False)
     with pytest.raises(AttrError, match="opset >= 16.*opset 13"):
-        nf.onnx.export(main, "unused.onnx", ["x", "ids"], [out], nf.Scope(), opset_version=13)
+        nf.onnx.export(
+            main, str(tmp_path / "unused.onnx"), ["x", "ids"], [out], nf.Scope(), opset_version=13
+        )
 
 
-def test_a_dim_that_cannot_be_resolved_is_a_shape_error():
+def test_a_dim_that_cannot_be_resolved_is_a_shape_error(tmp_path):
     main, startup = nf.Program(), nf.Program()
     with nf.program_guard(main, startup):
         x = nf.data("x", [-1, 3, -1, -1])
@@ -327,23 +329,23 @@ def test_a_dim_that_cannot_be_resolved_is_a_shape_error():
             {"pooling_type": "avg", "ksize": [2, 2], "adaptive": True},
         )
     with pytest.raises(ShapeError, match="adaptive pool2d.*height and width.*-1"):
-        nf.onnx.export(main, "unused.onnx", ["x"], [out], nf.Scope())
+        nf.onnx.export(main, str(tmp_path / "unused.onnx"), ["x"], [out], nf.Scope())
 
 
-def test_missing_feeds_and_parameters_are_feed_errors():
+def test_missing_feeds_and_parameters_are_feed_errors(tmp_path):
     main, scope, x, y = _fc_program()
     with pytest.raises(FeedError, match="'x'.*neither fed.*feed_names"):
-        nf.onnx.export(main, "unused.onnx", [], [y], scope)
+        nf.onnx.export(main, str(tmp_path / "unused.onnx"), [], [y], scope)
     with pytest.raises(FeedError, match="'fc.w'.*no value in the scope.*startup"):
-        nf.onnx.export(main, "unused.onnx", ["x"], [y], nf.Scope())
+        nf.onnx.export(main, str(tmp_path / "unused.onnx"), ["x"], [y], nf.Scope())
     with pytest.raises(FeedError, match="feed 'nope' is not a variable"):
-        nf.onnx.export(main, "unused.onnx", ["nope"], [y], scope)
+        nf.onnx.export(main, str(tmp_path / "unused.onnx"), ["nope"], [y], scope)
     with pytest.raises(FetchError, match="fetch 'nope' is not a variable"):
-        nf.onnx.export(main, "unused.onnx", ["x"], ["nope"], scope)
+        nf.onnx.export(main, str(tmp_path / "unused.onnx"), ["x"], ["nope"], scope)
     with pytest.raises(FetchError, match="names 'fc.tmp_1' twice"):
-        nf.onnx.export(main, "unused.onnx", ["x"], [y, y], scope)
+        nf.onnx.export(main, str(tmp_path / "unused.onnx"), ["x"], [y, y], scope)
     with pytest.raises(TypeMismatchError, match="Program"):
-        nf.onnx.export(main.to_bytes(), "unused.onnx", ["x"], [y], scope)
+        nf.onnx.export(main.to_bytes(), str(tmp_path / "unused.onnx"), ["x"], [y], scope)
 
 
 def test_a_fetch_that_is_a_feed_or_a_parameter(tmp_path):

@@ -1,0 +1,367 @@
+"""make gpu-check: one prepared run on a GPU machine (a GPU is lent to this work only some of the
+time, for minutes), writing every figure to one report file.
+
+1. every op's forward and gradient on CUDAPlace against CPUPlace: the op harness and the
+   device-program tests (tests/ops, tests/executor/test_places.py) with CUDA as the device
+   place (float64 to 1e-10, float32 to 1e-5), with the count of op types checked;
+2. the digits MLP, conv, RNN and sentiment demos trained on the GPU, against their CPU accuracies;
+3. a model trained and saved on the GPU, loaded on the CPU: parameters bit for bit, predictions;
+4. W1/W3/W8/W10 train steps against PyTorch CUDA eager in the same process (median of
+   interleaved rounds), and W1's peak GPU memory next to PyTorch's.
+
+Sections 1 and 2 run in child processes while this one waits (the GPU is idle for section 4's
+timings, which run last). It needs CuPy and PyTorch CUDA, which the GPU machines hold, and
+installs nothing. `--place standin --torch-device cpu` rehearses the whole script on a machine
+without a GPU (the stand-in device; PyTorch on the CPU).
+
+    PYTHONPATH=.:bench python3 bench/gpu_check.py --report gpu_check.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMOS = {"mlp": 0.97, "conv": 0.985, "rnn": 0.95, "sentiment": 0.95}
+OPS_TIMEOUT_S = 330
+DEMO_TIMEOUT_S = 240
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--report", default="gpu_check.md")
+    parser.add_argument("--place", default="cuda", help="cuda (default) or standin (a rehearsal)")
+    parser.add_argument("--torch-device", default="cuda")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--skip-ops", action="store_true")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    report = Report(Path(args.report))
+    report.section("Environment")
+    try:
+        import nestflow as nf
+        from nestflow.core.place import parse_place
+
+        place = parse_place(args.place)
+    except Exception as exc:  # nestflow or CuPy missing here: say so and stop
+        report.line(f"cannot start: {type(exc).__name__}: {exc}")
+        report.write()
+        return 1
+    report.line(environment(nf, place))
+    children = {} if args.skip_ops else {"ops": start_op_checks(args.place)}
+    for name in DEMOS:
+        children[f"demo {name}"] = start_demo(name, args.place)
+    report.section("A model saved on the GPU, loaded on the CPU")
+    report.guarded(round_trip, nf, place)
+    report.section(f"Train steps against PyTorch ({args.torch_device}), median ms per step")
+    benchmarks = report.guarded(bench_rows, nf, place, args.torch_device, args.rounds)
+    report.section("Every op on the device against CPUPlace")
+    if "ops" in children:
+        report.line(finish_op_checks(children.pop("ops")))
+    else:
+        report.line("skipped (--skip-ops)")
+    report.section("Demos trained on the device (held-out accuracy; CPU target)")
+    for name, (process, log) in children.items():
+        report.line(finish_demo(name, process, log))
+    report.section("Summary")
+    if benchmarks:
+        report.line(benchmarks)
+    report.line(f"gpu-check took {time.perf_counter() - started:.0f} s")
+    report.write()
+    print(report.text[-6000:])
+    return 0
+
+
+class Report:
+    def __init__(self, path: Path):
+        self.path = path
+        self.text = "# make gpu-check\n"
+
+    def section(self, title: str) -> None:
+        self.text += f"\n## {title}\n\n"
+        self.write()
+
+    def line(self, text: str) -> None:
+        self.text += text.rstrip() + "\n"
+        self.write()
+
+    def guarded(self, function, *args):
+        try:
+            result = function(*args)
+        except Exception as exc:  # one section failing must not lose the others' figures
+            import traceback
+
+            self.line("FAILED: " + "".join(traceback.format_exception(exc))[-3000:])
+            return None
+        self.line(result)
+        return result
+
+    def write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(self.text)
+
+
+def environment(nf, place) -> str:
+    lines = [
+        f"- host: {platform.node()}, Python {platform.python_version()}, NumPy {np.__version__}",
+        f"- place: {place!r}; nestflow {nf.__version__}",
+    ]
+    if place.is_device and type(place).__name__ == "CUDAPlace":
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(place.device_id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        lines.append(f"- GPU: {name}, CuPy {cupy.__version__}")
+    try:
+        import torch
+
+        lines.append(f"- PyTorch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
+    except ImportError:
+        lines.append("- PyTorch: not installed")
+    return "\n".join(lines)
+
+
+# ---- 1. every op ----
+
+
+def start_op_checks(place_name: str):
+    log = Path(tempfile.mkdtemp(prefix="nestflow-gpu-check-")) / "checked.txt"
+    env = dict(
+        os.environ,
+        NESTFLOW_TEST_DEVICES="standin" if place_name.startswith("standin") else "cuda",
+        NESTFLOW_DEVICE_CHECKED_LOG=str(log),
+        PYTHONPATH=str(ROOT),
+    )
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    try:
+        import xdist  # noqa: F401  (the GPU machines hold pytest-xdist)
+
+        command += ["-n", "6"]
+    except ImportError:
+        pass
+    command += ["tests/ops", "tests/executor/test_places.py"]
+    out = open(log.with_suffix(".out"), "w")  # noqa: SIM115  (closed in finish_op_checks)
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return process, log
+
+
+def finish_op_checks(child) -> str:
+    process, log = child
+    try:
+        process.wait(timeout=max(1, OPS_TIMEOUT_S - _elapsed()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+    output = log.with_suffix(".out").read_text()
+    checked = set(log.read_text().split()) if log.exists() else set()
+    from nestflow.ops.registry import registered_ops
+
+    ops = set(registered_ops())
+    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    failed = [line for line in output.splitlines() if line.startswith("FAILED")]
+    lines = [
+        f"- pytest: {summary[-1] if summary else 'no summary (killed at the time limit?)'}",
+        f"- op types run on the device equal to CPUPlace: {len(checked & ops)} of {len(ops)} "
+        "registered (gradient ops included)",
+        f"- not run by a one-op case: {', '.join(sorted(ops - checked))}",
+    ]
+    if failed:
+        lines.append(f"- failures ({len(failed)}):")
+        lines += [f"  - {line[:300]}" for line in failed[:60]]
+    return "\n".join(lines)
+
+
+# ---- 2. demos ----
+
+
+def start_demo(name: str, place_name: str):
+    log = Path(tempfile.mkdtemp(prefix=f"nestflow-demo-{name}-")) / "out.txt"
+    command = [sys.executable, "-m", "nestflow", "demo", "--model", name, "--place", place_name]
+    command += ["--no-progress"]
+    out = open(log, "w")  # noqa: SIM115  (read back in finish_demo)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return process, log
+
+
+def finish_demo(name: str, process, log: Path) -> str:
+    try:
+        code = process.wait(timeout=max(1, DEMO_TIMEOUT_S - _elapsed()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        code = "killed at the time limit"
+    output = log.read_text()
+    found = re.findall(r"test accuracy: ([\d.]+)%", output)
+    accuracy = f"{found[0]}%" if found else "no accuracy printed"
+    tail = "" if code == 0 else "\n  " + "\n  ".join(output.splitlines()[-8:])
+    return f"- {name}: {accuracy} (CPU target {DEMOS[name]:.1%}; exit {code}){tail}"
+
+
+_START = time.perf_counter()
+
+
+def _elapsed() -> float:
+    return time.perf_counter() - _START
+
+
+# ---- 3. GPU -> CPU round trip ----
+
+
+def round_trip(nf, place) -> str:
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 16])
+        label = nf.data("label", [-1, 1], "int64")
+        h = nf.layers.fc(x, 32, act="relu")
+        logits = nf.layers.fc(h, 4)
+        loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, label))
+        nf.optimizer.Adam(learning_rate=0.01).minimize(loss)
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((64, 16)).astype("float32")
+    feed = {"x": xs, "label": rng.integers(0, 4, (64, 1))}
+    exe, scope = nf.Executor(place), nf.Scope()
+    exe.run(startup, scope=scope)
+    for _ in range(5):
+        exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
+    (on_device,) = exe.run(main, feed={"x": xs}, fetch_list=[logits], scope=scope)
+    with tempfile.TemporaryDirectory() as folder:
+        nf.io.save_inference_model(folder, ["x"], [logits], exe, main_program=main, scope=scope)
+        cpu, cpu_scope = nf.Executor(nf.CPUPlace()), nf.Scope()
+        program, feeds, fetches = nf.io.load_inference_model(folder, cpu, scope=cpu_scope)
+        (on_cpu,) = cpu.run(program, feed={feeds[0]: xs}, fetch_list=fetches, scope=cpu_scope)
+        same = all(
+            np.array_equal(
+                scope.find_var(name).get(nf.Tensor).numpy(),
+                cpu_scope.find_var(name).get(nf.Tensor).numpy(),
+            )
+            for name in cpu_scope.local_var_names()
+            if cpu_scope.find_var(name).is_type(nf.Tensor)
+        )
+    gap = float(np.abs(on_cpu - on_device).max())
+    return (
+        f"- parameters saved from {place!r} and loaded on CPUPlace identical bit for bit: {same}\n"
+        f"- predictions, CPU against the device: max |difference| {gap:.3g}"
+    )
+
+
+# ---- 4. benchmarks ----
+
+
+def bench_rows(nf, place, torch_device: str, rounds: int) -> str:
+    import torch
+    import w1_mlp
+    import w3_rnn
+    import w8_lenet
+    import w10_lstm
+
+    torch.manual_seed(0)
+    rows = []
+    xs, ys = w1_mlp.batch()
+    w1_steps, memory = _w1_with_peak_memory(place, torch, torch_device, w1_mlp, xs, ys)
+    rows.append(_timed("W1 MLP 784-512-512-10 train step", w1_steps, rounds))
+    rows.append(memory)
+    xs3, wx, wh = w3_rnn.data()
+    rows.append(
+        _timed(
+            "W3 tanh RNN train step",
+            {
+                "nestflow": w3_rnn.make_nestflow_step(xs3, wx, wh, place=place),
+                "torch": w3_rnn.make_torch_step(xs3, wx, wh, torch, device=torch_device),
+            },
+            rounds,
+        )
+    )
+    xs8, ys8 = w8_lenet.batch()
+    nf_w8, params8 = w8_lenet.make_nestflow_step(xs8, ys8, place)
+    rows.append(
+        _timed(
+            "W8 LeNet-5 train step",
+            {
+                "nestflow": nf_w8,
+                "torch": w8_lenet.make_torch_step(xs8, ys8, params8, torch, device=torch_device),
+            },
+            rounds,
+        )
+    )
+    xs10 = w10_lstm.batch()
+    nf_w10, params10 = w10_lstm.make_nestflow_step(xs10, place)
+    rows.append(
+        _timed(
+            "W10 LSTM train step",
+            {
+                "nestflow": nf_w10,
+                "torch LSTMCell loop": w10_lstm.make_torch_cell_step(
+                    xs10, params10, torch, device=torch_device
+                ),
+                "torch nn.LSTM": w10_lstm.make_torch_lstm_step(
+                    xs10, params10, torch, device=torch_device
+                ),
+            },
+            rounds,
+        )
+    )
+    return "\n".join(rows)
+
+
+def _timed(title: str, steps: dict, rounds: int) -> str:
+    """Median ms per step over `rounds` interleaved rounds of 20 steps each (each step returns
+    a host float: the device work is finished when it returns), after 5 warm-up steps."""
+    losses = {name: [step() for _ in range(5)] for name, step in steps.items()}
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            for _ in range(20):
+                step()
+            times[name].append((time.perf_counter() - start) / 20 * 1e3)
+    ms = {name: median(values) for name, values in times.items()}
+    base = ms["nestflow"]
+    parts = [f"nestflow {base:.3f} ms"] + [
+        f"{name} {value:.3f} ms (ratio {base / value:.2f}x)"
+        for name, value in ms.items()
+        if name != "nestflow"
+    ]
+    first = {name: round(values[0], 4) for name, values in losses.items()}
+    return f"- {title}: " + "; ".join(parts) + f" (first losses {first})"
+
+
+def _w1_with_peak_memory(place, torch, torch_device, w1_mlp, xs, ys) -> tuple[dict, str]:
+    """W1's two steps, made first on an empty GPU, and the peak memory of 10 steps of each:
+    CuPy's pool (what it holds: its high-water mark, as blocks are kept) against PyTorch's
+    max_memory_allocated."""
+    on_gpu = type(place).__name__ == "CUDAPlace" and torch_device == "cuda"
+    if on_gpu:
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+    nf_step, params = w1_mlp.make_nestflow_step(xs, ys, place)
+    for _ in range(10):
+        nf_step()
+    ours = cupy.get_default_memory_pool().total_bytes() / 2**20 if on_gpu else None
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+    torch_step = w1_mlp.make_torch_step(xs, ys, params, torch, device=torch_device)
+    for _ in range(10):
+        torch_step()
+    steps = {"nestflow": nf_step, "torch": torch_step}
+    if not on_gpu:
+        return steps, "- W1 peak GPU memory: n/a off the GPU"
+    theirs = torch.cuda.max_memory_allocated() / 2**20
+    return steps, (
+        f"- W1 peak GPU memory after 10 steps: nestflow {ours:.1f} MiB (CuPy pool) vs "
+        f"PyTorch {theirs:.1f} MiB (max_memory_allocated)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
