@@ -5,7 +5,8 @@ The recurrent layers (nf.layers.lstm/gru, LSTMCell/GRUCell) compute the gate pre
 a step with one product and run the rest of the step here: one op, and one gradient op, per
 step instead of a dozen elementwise ones. Transcendental functions dominate these kernels, so
 each forward keeps its activated gates for its gradient (`_GATES`) rather than have the
-gradient compute them again.
+gradient compute them again. The kernels and their helpers are written against the place's
+`xp`.
 """
 
 from __future__ import annotations
@@ -69,37 +70,37 @@ _GATES = _GateMemo(limit=256 << 20)
 # very negative v, which gives the right limits (0 and -1): the warning is silenced.
 
 
-def _sigmoid_of_scaled(a: np.ndarray) -> np.ndarray:
+def _sigmoid_of_scaled(xp, a: np.ndarray) -> np.ndarray:
     """sigmoid(-a), computed in place in `a` (which the caller owns)."""
     with np.errstate(over="ignore"):
-        np.exp(a, out=a)
+        xp.exp(a, out=a)
     a += 1
-    np.reciprocal(a, out=a)
+    xp.reciprocal(a, out=a)
     return a
 
 
-def _tanh(x: np.ndarray) -> np.ndarray:
-    out = _sigmoid_of_scaled(np.multiply(x, np.asarray(-2.0, x.dtype)))
+def _tanh(xp, x: np.ndarray) -> np.ndarray:
+    out = _sigmoid_of_scaled(xp, xp.multiply(x, x.dtype.type(-2.0)))
     out *= 2
     out -= 1
     return out
 
 
-_SCALES: dict[tuple[int, str], np.ndarray] = {}
+_SCALES: dict[tuple[int, str, str | None], np.ndarray] = {}
 
 
-def _lstm_gates(X: np.ndarray, forget_bias: float) -> np.ndarray:
+def _lstm_gates(xp, X: np.ndarray, forget_bias: float) -> np.ndarray:
     """[sigmoid(i), sigmoid(f + forget_bias), sigmoid(o), tanh(g)] from X = [i, f, o, g], with
     one exp over all four."""
     d = X.shape[-1] // 4
-    key = (d, X.dtype.str)
+    key = (d, X.dtype.str, None if xp is np else str(X.device))  # a device's own copy
     scales = _SCALES.get(key)
     if scales is None:  # -1 for the sigmoid gates, -2 for tanh(g) = 2 * sigmoid(2g) - 1
-        scales = _SCALES[key] = np.repeat(np.array([-1, -1, -1, -2], X.dtype), d)
-    act = np.multiply(X, scales)
+        scales = _SCALES[key] = xp.repeat(xp.asarray([-1, -1, -1, -2], X.dtype), d)
+    act = xp.multiply(X, scales)
     if forget_bias:
-        act[..., d : 2 * d] -= np.asarray(forget_bias, X.dtype)
-    _sigmoid_of_scaled(act)
+        act[..., d : 2 * d] -= X.dtype.type(forget_bias)
+    _sigmoid_of_scaled(xp, act)
     g = act[..., 3 * d :]
     g *= 2
     g -= 1
@@ -138,21 +139,21 @@ class lstm_unit:
         info = VarInfo((*lead, d), C_prev.dtype)
         return info, info
 
-    def forward(X, C_prev, forget_bias):
-        act = _lstm_gates(X, forget_bias)
+    def forward(X, C_prev, forget_bias, xp):
+        act = _lstm_gates(xp, X, forget_bias)
         d = act.shape[-1] // 4
         c = C_prev * act[..., d : 2 * d]
         c += act[..., :d] * act[..., 3 * d :]
-        tanh_c = _tanh(c)
+        tanh_c = _tanh(xp, c)
         h = tanh_c * act[..., 2 * d : 3 * d]
         _GATES.put(c, X, (act, tanh_c))
         return c, h
 
-    def backward(X, C_prev, C, H, C_grad, H_grad, forget_bias, needs=(True, True)):
+    def backward(X, C_prev, C, H, C_grad, H_grad, forget_bias, needs=(True, True), *, xp):
         kept = _GATES.take(C, X)
         if kept is None:
-            act = _lstm_gates(X, forget_bias)
-            tanh_c = _tanh(C)
+            act = _lstm_gates(xp, X, forget_bias)
+            tanh_c = _tanh(xp, C)
         else:
             act, tanh_c = kept
         d = C.shape[-1]
@@ -164,32 +165,32 @@ class lstm_unit:
             if C_grad is not None:
                 dc += C_grad
         else:
-            dc = np.array(C_grad, copy=True) if C_grad is not None else np.zeros_like(C)
+            dc = C_grad.copy() if C_grad is not None else xp.zeros_like(C)
         dx = dprev = None
         if needs[0]:
-            dx = np.empty_like(X)
-            np.multiply(dc * g, i * (1 - i), out=dx[..., :d])
-            np.multiply(dc * C_prev, f * (1 - f), out=dx[..., d : 2 * d])
+            dx = xp.empty_like(X)
+            xp.multiply(dc * g, i * (1 - i), out=dx[..., :d])
+            xp.multiply(dc * C_prev, f * (1 - f), out=dx[..., d : 2 * d])
             if H_grad is not None:
-                np.multiply(H_grad * tanh_c, o * (1 - o), out=dx[..., 2 * d : 3 * d])
+                xp.multiply(H_grad * tanh_c, o * (1 - o), out=dx[..., 2 * d : 3 * d])
             else:
                 dx[..., 2 * d : 3 * d] = 0
-            np.multiply(dc * i, 1 - g * g, out=dx[..., 3 * d :])
+            xp.multiply(dc * i, 1 - g * g, out=dx[..., 3 * d :])
         if needs[1]:
             dc *= f
             dprev = dc
         return dx, dprev
 
 
-def _gru_gates(X, HiddenProj, Bias):
+def _gru_gates(xp, X, HiddenProj, Bias):
     """r, z, the candidate n and the hidden part of its pre-activation (W_hn h + b_hn)."""
     d = X.shape[-1] // 3
     hidden = HiddenProj if Bias is None else HiddenProj + Bias
-    rz = np.add(X[..., : 2 * d], hidden[..., : 2 * d])
-    rz = _sigmoid_of_scaled(np.negative(rz, out=rz))
+    rz = xp.add(X[..., : 2 * d], hidden[..., : 2 * d])
+    rz = _sigmoid_of_scaled(xp, xp.negative(rz, out=rz))
     r, z = rz[..., :d], rz[..., d:]
     hn = hidden[..., 2 * d :]
-    n = _tanh(X[..., 2 * d :] + r * hn)
+    n = _tanh(xp, X[..., 2 * d :] + r * hn)
     return r, z, n, hn
 
 
@@ -225,8 +226,8 @@ class gru_cell:
             fail(f"Bias {list(Bias.shape)} must be [{3 * d}]")
         return HiddenPrev
 
-    def forward(X, HiddenProj, HiddenPrev, Bias):
-        gates = _gru_gates(X, HiddenProj, Bias)
+    def forward(X, HiddenProj, HiddenPrev, Bias, xp):
+        gates = _gru_gates(xp, X, HiddenProj, Bias)
         _r, z, n, _hn = gates
         out = HiddenPrev - n
         out *= z
@@ -234,15 +235,15 @@ class gru_cell:
         _GATES.put(out, X, gates)
         return out
 
-    def backward(X, HiddenProj, HiddenPrev, Bias, Hidden, Hidden_grad, needs=(True,) * 4):
+    def backward(X, HiddenProj, HiddenPrev, Bias, Hidden, Hidden_grad, needs=(True,) * 4, *, xp):
         kept = _GATES.take(Hidden, X)
-        r, z, n, hn = kept if kept is not None else _gru_gates(X, HiddenProj, Bias)
+        r, z, n, hn = kept if kept is not None else _gru_gates(xp, X, HiddenProj, Bias)
         d = n.shape[-1]
-        dx = np.empty_like(X)
+        dx = xp.empty_like(X)
         dn = dx[..., 2 * d :]  # d(pre-activation of n) = dX_n
-        np.multiply(Hidden_grad * (1 - z), 1 - n * n, out=dn)
-        np.multiply(Hidden_grad * (HiddenPrev - n), z * (1 - z), out=dx[..., d : 2 * d])
-        np.multiply(dn * hn, r * (1 - r), out=dx[..., :d])
+        xp.multiply(Hidden_grad * (1 - z), 1 - n * n, out=dn)
+        xp.multiply(Hidden_grad * (HiddenPrev - n), z * (1 - z), out=dx[..., d : 2 * d])
+        xp.multiply(dn * hn, r * (1 - r), out=dx[..., :d])
         dproj = None
         if needs[1] or needs[3]:
             dproj = dx.copy()
