@@ -10,9 +10,11 @@ time naming the offending value and its position in the index tensor.
 from __future__ import annotations
 
 import builtins
+import math
 
 import numpy as np
 
+from nestflow.core.device_context import array_module
 from nestflow.core.dtype import dtype_name
 from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
 from nestflow.ops.math import unbroadcast
@@ -37,11 +39,13 @@ def check_index_range(index: np.ndarray, high, what: str) -> None:
     """ExecutionError unless every value of `index` lies in [0, high) (`high` broadcasts
     against index): names the first offending value, its position and how many are bad."""
     bad = (index < 0) | (index >= high)
-    if not bad.any():
+    # A host read the op needs: a device wraps bad indexes around where they must raise.
+    if not bool(bad.any()):
         return
-    positions = np.argwhere(bad)
-    first = tuple(int(i) for i in positions[0])
-    limit = int(np.broadcast_to(high, index.shape)[first])
+    xp = array_module(index)
+    positions = xp.argwhere(bad).tolist()
+    first = tuple(positions[0])
+    limit = int(xp.broadcast_to(high, index.shape)[first]) if hasattr(high, "shape") else high
     raise ExecutionError(
         f"{what}: index {int(index[first])} at position {list(first)} is out of range "
         f"[0, {limit}) ({len(positions)} of {index.size} indexes are out of range; "
@@ -68,16 +72,16 @@ class where:
         shape = broadcast_shapes(X.shape, Y.shape)
         return VarInfo(broadcast_shapes(Condition.shape, shape, "Condition and X/Y"), X.dtype)
 
-    def specialize(Condition, X, Y):
-        return np.where  # already returns an array of X's dtype, 0-d included
+    def specialize(Condition, X, Y, xp):
+        return xp.where  # already returns an array of X's dtype, 0-d included
 
-    def forward(Condition, X, Y):
-        return np.where(Condition, X, Y)
+    def forward(Condition, X, Y, xp):
+        return xp.where(Condition, X, Y)
 
-    def backward(Condition, X, Y, Out, Out_grad, needs=(True, True)):
-        zero = np.zeros((), Out_grad.dtype)
-        dx = unbroadcast(np.where(Condition, Out_grad, zero), X.shape) if needs[0] else None
-        dy = unbroadcast(np.where(Condition, zero, Out_grad), Y.shape) if needs[1] else None
+    def backward(Condition, X, Y, Out, Out_grad, xp, needs=(True, True)):
+        zero = xp.zeros((), Out_grad.dtype)
+        dx = unbroadcast(xp.where(Condition, Out_grad, zero), X.shape) if needs[0] else None
+        dy = unbroadcast(xp.where(Condition, zero, Out_grad), Y.shape) if needs[1] else None
         return dx, dy
 
 
@@ -91,8 +95,8 @@ class where_index:
     def infer(Condition):
         return VarInfo((-1, Condition.ndim), "int64")
 
-    def forward(Condition):
-        return np.argwhere(Condition).astype(np.int64)
+    def forward(Condition, xp):
+        return xp.argwhere(Condition).astype(np.int64)
 
 
 # ---- arg_max / arg_min / top_k ----
@@ -102,7 +106,7 @@ def _infer_arg(X: VarInfo, axis: int, keepdims: bool, dtype: str, flatten: bool)
     if dtype not in _INDEX_DTYPES:
         raise AttrError(f"dtype must be int32 or int64, got {dtype}")
     if flatten:
-        if X.ndim and all(d >= 0 for d in X.shape) and not np.prod(X.shape):
+        if X.ndim and all(d >= 0 for d in X.shape) and not math.prod(X.shape):
             fail(f"X {list(X.shape)} is empty: it has no extreme element")
         return VarInfo((1,), dtype)
     if X.ndim == 0:
@@ -114,12 +118,12 @@ def _infer_arg(X: VarInfo, axis: int, keepdims: bool, dtype: str, flatten: bool)
     return VarInfo(X.shape[:ax] + kept + X.shape[ax + 1 :], dtype)
 
 
-def _arg(find, X, axis, keepdims, dtype, flatten):
+def _arg(xp, find, X, axis, keepdims, dtype, flatten):
     if flatten:
         X, axis, keepdims = X.reshape(-1), 0, True
     if X.shape[axis] == 0:
         raise ShapeError(f"dim {axis} of X {list(X.shape)} is empty: it has no extreme element")
-    return np.asarray(find(X, axis=axis, keepdims=keepdims)).astype(dtype, copy=False)
+    return xp.asarray(find(X, axis=axis, keepdims=keepdims)).astype(dtype, copy=False)
 
 
 _ARG_ATTRS = {"axis": Required(int), "keepdims": False, "dtype": "int64", "flatten": False}
@@ -134,8 +138,8 @@ class arg_max:
     attrs = _ARG_ATTRS
     infer = _infer_arg
 
-    def forward(X, axis, keepdims, dtype, flatten):
-        return _arg(np.argmax, X, axis, keepdims, dtype, flatten)
+    def forward(X, axis, keepdims, dtype, flatten, xp):
+        return _arg(xp, xp.argmax, X, axis, keepdims, dtype, flatten)
 
 
 @register_op
@@ -147,21 +151,23 @@ class arg_min:
     attrs = _ARG_ATTRS
     infer = _infer_arg
 
-    def forward(X, axis, keepdims, dtype, flatten):
-        return _arg(np.argmin, X, axis, keepdims, dtype, flatten)
+    def forward(X, axis, keepdims, dtype, flatten, xp):
+        return _arg(xp, xp.argmin, X, axis, keepdims, dtype, flatten)
 
 
-def _descending_order(X: np.ndarray, k: int) -> np.ndarray:
+def _descending_order(xp, X: np.ndarray, k: int) -> np.ndarray:
     """Positions of the k largest along the last axis, largest first; equal values keep their
     order (the smaller index first) and NaN ranks above every number, as torch.topk does."""
     n = X.shape[-1]
-    if 0 < k <= n // 4:
+    # The partitioned path decides on the host whether it may be used; a device sorts fully
+    # rather than wait for that read.
+    if xp is np and 0 < k <= n // 4:
         picked = _partitioned_order(X, k)
         if picked is not None:
             return picked
     # A stable ascending sort of the reversed row, read backwards, is a descending sort whose
     # ties come out in increasing index order; it works for every dtype (bool, unsigned).
-    ascending = np.argsort(X[..., ::-1], axis=-1, kind="stable")
+    ascending = xp.argsort(X[..., ::-1], axis=-1, kind="stable")
     return (n - 1) - ascending[..., ::-1][..., :k]
 
 
@@ -209,17 +215,17 @@ class top_k:
         shape = X.shape[:-1] + (last,)
         return VarInfo(shape, X.dtype), VarInfo(shape, "int64")
 
-    def forward(X, K, k):
+    def forward(X, K, k, xp):
         if K is not None:
-            k = int(np.asarray(K).reshape(-1)[0])
+            k = int(K.reshape(-1)[0])  # a host read the op needs: k is Out's last dim
         if not 0 <= k <= X.shape[-1]:
             raise ShapeError(f"k={k} is outside [0, {X.shape[-1]}], the last dim of X")
-        indices = _descending_order(X, k)
-        return np.take_along_axis(X, indices, axis=-1), indices.astype(np.int64, copy=False)
+        indices = _descending_order(xp, X, k)
+        return xp.take_along_axis(X, indices, axis=-1), indices.astype(np.int64, copy=False)
 
-    def backward(X, K, Out, Indices, Out_grad, Indices_grad, k):
-        grad = np.zeros(X.shape, Out_grad.dtype)
-        np.put_along_axis(grad, Indices, Out_grad, axis=-1)
+    def backward(X, K, Out, Indices, Out_grad, Indices_grad, k, xp):
+        grad = xp.zeros(X.shape, Out_grad.dtype)
+        xp.put_along_axis(grad, Indices, Out_grad, axis=-1)
         return (grad,)
 
 
@@ -242,7 +248,7 @@ def _ids_vector(ids: np.ndarray, slot: str) -> np.ndarray:
 
 def _last_occurrences(ids: np.ndarray) -> np.ndarray:
     """Positions in `ids` of the last occurrence of each distinct value."""
-    _, first_from_end = np.unique(ids[::-1], return_index=True)
+    _, first_from_end = array_module(ids).unique(ids[::-1], return_index=True)
     return ids.size - 1 - first_from_end
 
 
@@ -272,20 +278,20 @@ class gather:
         check_index_range(ids, X.shape[0], f"gather from X {list(X.shape)}")
         return X[ids]
 
-    def backward(X, Index, Out, Out_grad, overwrite):
+    def backward(X, Index, Out, Out_grad, overwrite, xp, device):
         ids = _ids_vector(Index, "Index")
-        grad = np.zeros(X.shape, Out_grad.dtype)
+        grad = xp.zeros(X.shape, Out_grad.dtype)
         if overwrite:
             last = _last_occurrences(ids)
             grad[ids[last]] = Out_grad[last]
         else:
-            np.add.at(grad, ids, Out_grad)
+            device.scatter_add(grad, ids, Out_grad)
         return (grad,)
 
 
 def _nd_coordinates(X: np.ndarray, Index: np.ndarray) -> tuple[np.ndarray, ...]:
     depth = Index.shape[-1]
-    bound = np.asarray(X.shape[:depth])
+    bound = array_module(Index).asarray(X.shape[:depth])
     check_index_range(Index, bound, f"gather_nd from X {list(X.shape)}")
     return tuple(Index[..., j] for j in builtins.range(depth))
 
@@ -313,16 +319,16 @@ class gather_nd:
             )
         return VarInfo(Index.shape[:-1] + X.shape[depth:], X.dtype)
 
-    def forward(X, Index):
+    def forward(X, Index, xp):
         if Index.shape[-1] == 0:
-            return np.broadcast_to(X, Index.shape[:-1] + X.shape).copy()
+            return xp.broadcast_to(X, Index.shape[:-1] + X.shape).copy()
         return X[_nd_coordinates(X, Index)]
 
-    def backward(X, Index, Out, Out_grad):
+    def backward(X, Index, Out, Out_grad, xp, device):
         if Index.shape[-1] == 0:
             return (Out_grad.reshape((-1,) + X.shape).sum(axis=0),)
-        grad = np.zeros(X.shape, Out_grad.dtype)
-        np.add.at(grad, _nd_coordinates(X, Index), Out_grad)
+        grad = xp.zeros(X.shape, Out_grad.dtype)
+        device.scatter_add(grad, _nd_coordinates(X, Index), Out_grad)
         return (grad,)
 
 
@@ -356,7 +362,7 @@ class scatter:
             )
         return X
 
-    def forward(X, Ids, Updates, overwrite):
+    def forward(X, Ids, Updates, overwrite, device):
         ids = _ids_vector(Ids, "Ids")
         check_index_range(ids, X.shape[0], f"scatter into X {list(X.shape)}")
         if Updates.shape[0] != ids.size:
@@ -367,15 +373,15 @@ class scatter:
             out[ids[last]] = Updates[last]
         else:
             out[ids] = 0
-            np.add.at(out, ids, Updates)
+            device.scatter_add(out, ids, Updates)
         return out
 
-    def backward(X, Ids, Updates, Out, Out_grad, overwrite):
+    def backward(X, Ids, Updates, Out, Out_grad, overwrite, xp):
         ids = _ids_vector(Ids, "Ids")
         dx = Out_grad.copy()
         dx[ids] = 0
         if overwrite:
-            du = np.zeros(Updates.shape, Out_grad.dtype)
+            du = xp.zeros(Updates.shape, Out_grad.dtype)
             last = _last_occurrences(ids)
             du[last] = Out_grad[ids[last]]
         else:
@@ -389,16 +395,17 @@ class scatter:
 def _one_hot(ids: np.ndarray, depth: int, dtype: str, allow_out_of_range: bool) -> np.ndarray:
     if not allow_out_of_range:
         check_index_range(ids, depth, f"one_hot of depth {depth}")
-    out = np.zeros(ids.shape + (depth,), dtype)
+    xp = array_module(ids)
+    out = xp.zeros(ids.shape + (depth,), dtype)
     inside = (ids >= 0) & (ids < depth)
     # Out-of-range ids (allowed) leave their row all zeros.
-    np.put_along_axis(out, np.where(inside, ids, 0)[..., None], inside[..., None], axis=-1)
+    xp.put_along_axis(out, xp.where(inside, ids, 0)[..., None], inside[..., None], axis=-1)
     return out
 
 
 def _one_hot_depth(depth: int, depth_tensor) -> int:
     if depth_tensor is not None:
-        return int(np.asarray(depth_tensor).reshape(-1)[0])
+        return int(depth_tensor.reshape(-1)[0])  # a host read the op needs: Out's last dim
     return depth
 
 
@@ -473,8 +480,8 @@ class pad:
             tuple(-1 if d < 0 else d + a + b for d, (a, b) in zip(X.shape, pairs)), X.dtype
         )
 
-    def forward(X, paddings, pad_value):
-        return np.pad(X, _pad_pairs(X.ndim, paddings), constant_values=pad_value)
+    def forward(X, paddings, pad_value, xp):
+        return xp.pad(X, _pad_pairs(X.ndim, paddings), constant_values=pad_value)
 
     def backward(X, Out, Out_grad, paddings, pad_value):
         pairs = _pad_pairs(X.ndim, paddings)
@@ -504,15 +511,15 @@ class expand:
             tuple(-1 if d < 0 else d * t for d, t in zip(X.shape, expand_times)), X.dtype
         )
 
-    def forward(X, expand_times):
+    def forward(X, expand_times, xp):
         _check_expand(X.ndim, expand_times)
-        return np.tile(X, expand_times)
+        return xp.tile(X, expand_times)
 
-    def backward(X, Out, Out_grad, expand_times):
+    def backward(X, Out, Out_grad, expand_times, xp):
         # Out viewed as [t0, d0, t1, d1, ...]: the copies lie along the t axes.
         split = [n for pair in zip(expand_times, X.shape) for n in pair]
         tiles = tuple(builtins.range(0, 2 * X.ndim, 2))
-        return (np.asarray(Out_grad.reshape(split).sum(axis=tiles)),)
+        return (xp.asarray(Out_grad.reshape(split).sum(axis=tiles)),)
 
 
 # ---- squeeze / unsqueeze ----
@@ -574,8 +581,8 @@ class squeeze2:
     def infer(X, axes):
         return VarInfo(squeezed_shape(X.shape, axes), X.dtype), _x_shape(X)
 
-    def forward(X, axes):
-        return _run_squeeze(X, axes), np.empty((0,) + X.shape, X.dtype)
+    def forward(X, axes, xp):
+        return _run_squeeze(X, axes), xp.empty((0,) + X.shape, X.dtype)
 
     backward = _reshaped_back_past_xshape
 
@@ -606,8 +613,8 @@ class unsqueeze2:
     def infer(X, axes):
         return VarInfo(unsqueezed_shape(X.shape, axes), X.dtype), _x_shape(X)
 
-    def forward(X, axes):
-        return X.reshape(unsqueezed_shape(X.shape, axes)), np.empty((0,) + X.shape, X.dtype)
+    def forward(X, axes, xp):
+        return X.reshape(unsqueezed_shape(X.shape, axes)), xp.empty((0,) + X.shape, X.dtype)
 
     backward = _reshaped_back_past_xshape
 
@@ -654,11 +661,11 @@ class stack:
         at = _normalized_axis(axis, first.ndim + 1, f"the stacked result of X[0] {shape}")
         return VarInfo(tuple(shape[:at]) + (len(X),) + tuple(shape[at:]), first.dtype)
 
-    def forward(X, axis):
-        return np.stack(X, axis=axis)
+    def forward(X, axis, xp):
+        return xp.stack(X, axis=axis)
 
-    def backward(X, Y, Y_grad, axis):
-        return (list(np.moveaxis(Y_grad, axis, 0)),)
+    def backward(X, Y, Y_grad, axis, xp):
+        return (list(xp.moveaxis(Y_grad, axis, 0)),)
 
 
 @register_op
@@ -674,33 +681,34 @@ class unstack:
             fail(f"num={num} differs from dim {ax} of X {list(X.shape)}")
         return [VarInfo(X.shape[:ax] + X.shape[ax + 1 :], X.dtype)] * num
 
-    def forward(X, axis, num):
+    def forward(X, axis, num, xp):
         if X.shape[axis] != num:
             raise ShapeError(f"num={num} differs from dim {axis} of X {list(X.shape)}")
-        return [part.copy() for part in np.moveaxis(X, axis, 0)]
+        return [part.copy() for part in xp.moveaxis(X, axis, 0)]
 
-    def backward(X, Y, Y_grad, axis, num):
+    def backward(X, Y, Y_grad, axis, num, xp):
         parts = Y_grad or []
-        grads = [np.zeros(y.shape, X.dtype) if g is None else g for y, g in zip(Y, parts)]
-        grads += [np.zeros(y.shape, X.dtype) for y in Y[len(grads) :]]
-        return (np.stack(grads, axis=axis) if grads else np.zeros(X.shape, X.dtype),)
+        grads = [xp.zeros(y.shape, X.dtype) if g is None else g for y, g in zip(Y, parts)]
+        grads += [xp.zeros(y.shape, X.dtype) for y in Y[len(grads) :]]
+        return (xp.stack(grads, axis=axis) if grads else xp.zeros(X.shape, X.dtype),)
 
 
 # ---- cumsum ----
 
 
 def _cumsum(X: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
-    x = np.flip(X, axis) if reverse else X
-    out = np.cumsum(x, axis=axis, dtype=X.dtype)
+    xp = array_module(X)
+    x = xp.flip(X, axis) if reverse else X
+    out = xp.cumsum(x, axis=axis, dtype=X.dtype)
     if exclusive:
         # Each position holds the sum of the elements before it: shift by one, 0 first.
-        shifted = np.zeros_like(out)
+        shifted = xp.zeros_like(out)
         head = [builtins.slice(None)] * out.ndim
         tail = [builtins.slice(None)] * out.ndim
         head[axis], tail[axis] = builtins.slice(1, None), builtins.slice(None, -1)
         shifted[tuple(head)] = out[tuple(tail)]
         out = shifted
-    return np.flip(out, axis) if reverse else out
+    return xp.flip(out, axis) if reverse else out
 
 
 @register_op
@@ -715,7 +723,7 @@ class cumsum:
         if X.dtype == "bool":
             raise DTypeError("X is bool; cast it to a number type first")
         if flatten:
-            size = -1 if any(d < 0 for d in X.shape) else int(np.prod(X.shape))
+            size = -1 if any(d < 0 for d in X.shape) else math.prod(X.shape)
             return VarInfo((size,), X.dtype)
         _normalized_axis(axis, X.ndim, f"X {list(X.shape)}")
         return X
@@ -746,15 +754,16 @@ class range:
         for slot, info in (("Start", Start), ("End", End), ("Step", Step)):
             if info.dtype != Start.dtype:
                 raise DTypeError(f"{slot} is {info.dtype} but Start is {Start.dtype}")
-            if all(d >= 0 for d in info.shape) and int(np.prod(info.shape)) != 1:
+            if all(d >= 0 for d in info.shape) and math.prod(info.shape) != 1:
                 fail(f"{slot} {list(info.shape)} must hold one number")
         return VarInfo((-1,), Start.dtype)
 
-    def forward(Start, End, Step):
-        start, end, step = (np.asarray(v).reshape(-1)[0] for v in (Start, End, Step))
+    def forward(Start, End, Step, xp):
+        # A host read the op needs: the three values give Out's length.
+        start, end, step = (v.reshape(-1)[0].item() for v in (Start, End, Step))
         if step == 0:
             raise ExecutionError(f"Step is 0 (Start {start}, End {end}): the range never ends")
-        return np.arange(start, end, step, dtype=Start.dtype)
+        return xp.arange(start, end, step, dtype=Start.dtype)
 
 
 @register_op
@@ -766,8 +775,8 @@ class shape:
     def infer(Input):
         return VarInfo((Input.ndim,), "int32")
 
-    def forward(Input):
-        return np.asarray(Input.shape, np.int32)
+    def forward(Input, xp):
+        return xp.asarray(Input.shape, np.int32)
 
 
 def _batch_like_shape(in_shape, shape, input_dim_idx, output_dim_idx) -> list[int]:
@@ -807,9 +816,11 @@ class fill_constant_batch_size_like:
             _str_value(str_value)
         return VarInfo(tuple(out), dtype)
 
-    def forward(Input, shape, dtype, value, str_value, input_dim_idx, output_dim_idx, force_cpu):
+    def forward(
+        Input, shape, dtype, value, str_value, input_dim_idx, output_dim_idx, force_cpu, xp
+    ):
         out = _batch_like_shape(Input.shape, shape, input_dim_idx, output_dim_idx)
-        return np.full(out, _str_value(str_value) if str_value else value, dtype=dtype)
+        return xp.full(out, _str_value(str_value) if str_value else value, dtype=dtype)
 
 
 def _str_value(text: str) -> float:
@@ -875,8 +886,8 @@ class strided_slice:
         out = Input[index].copy()
         return out.reshape(decreased_shape(out.shape, decrease_axis)) if decrease_axis else out
 
-    def backward(Input, Out, Out_grad, axes, starts, ends, strides, infer_flags, decrease_axis):
+    def backward(Input, Out, Out_grad, axes, starts, ends, strides, infer_flags, decrease_axis, xp):
         index = tuple(_strided_index(Input.shape, axes, starts, ends, strides, "Input"))
-        grad = np.zeros(Input.shape, Out_grad.dtype)
+        grad = xp.zeros(Input.shape, Out_grad.dtype)
         grad[index] = Out_grad.reshape(grad[index].shape)
         return (grad,)
