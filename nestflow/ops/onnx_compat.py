@@ -18,15 +18,23 @@ op of the same name; the importer uses Fluid's ops (reshape, slice, pad, squeeze
 those values are known at import. Ops with a gradient have it (checked by central differences
 in tests/ops/test_onnx_compat.py); integer and selection ops (mod, bit operations, isnan,
 scatters, one_hot, cumprod, einsum) have none.
+
+Kernels are written against their place's `xp`. The attribute-like tensors (shapes, axes,
+pads, repeats, slice bounds, sizes, scales, a one-hot depth, a trilu K) are read on the host
+when the op runs (`_values`, `_floats`): they decide the result's shape, so the op's meaning
+needs the read. Index inputs are checked on the host for any index out of range (one read:
+CuPy wraps such an index where nestflow raises; `_check_range`). Nothing else is read.
 """
 
 from __future__ import annotations
 
 import builtins
+import itertools
 import math
 
 import numpy as np
 
+from nestflow.core.device_context import DeviceContext, array_module
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops.indexing import check_index_range
@@ -36,12 +44,28 @@ from nestflow.ops.registry import (
     broadcast_shapes,
     fail,
     get_op_def,
+    place_args,
     register_op,
 )
 
 
-def _values(tensor: np.ndarray | None) -> list[int]:
-    return [] if tensor is None else [int(v) for v in np.asarray(tensor).reshape(-1)]
+def _values(tensor) -> list[int]:
+    """The ints an attribute-like tensor holds, read on the host (see the module docstring)."""
+    return [] if tensor is None else [int(v) for v in tensor.reshape(-1).tolist()]
+
+
+def _floats(tensor) -> list[float]:
+    """The numbers a small tensor (Resize's Roi or Scales) holds, read on the host."""
+    return [float(v) for v in tensor.reshape(-1).tolist()]
+
+
+def _check_range(index, high, what: str, device: DeviceContext) -> None:
+    """check_index_range on any place. CuPy wraps an out-of-range index where nestflow
+    raises, so whether any is out is read on the host (a read the op's meaning needs); the
+    error is made from a host copy. `high`: an int, or a host array broadcasting to index."""
+    limit = high if isinstance(high, int) else device.xp.asarray(high)
+    if bool(((index < 0) | (index >= limit)).any()):
+        check_index_range(device.to_host(index), high, what)
 
 
 def _require_ints(info: VarInfo | None, slot: str) -> None:
@@ -88,13 +112,74 @@ class onnx_erf:
             raise DTypeError(f"onnx_erf needs a floating-point X, got {X.dtype}")
         return X
 
-    def forward(X):
-        flat = np.fromiter(map(math.erf, X.ravel().tolist()), np.float64, count=X.size)
-        return flat.reshape(X.shape).astype(X.dtype)
+    def forward(X, xp):
+        if xp is np:  # NumPy has no erf: math.erf's, exact; a device computes Cephes' (_erf)
+            flat = np.fromiter(map(math.erf, X.ravel().tolist()), np.float64, count=X.size)
+            return flat.reshape(X.shape).astype(X.dtype)
+        return _erf(X.astype(np.float64), xp).astype(X.dtype)
 
-    def backward(X, Out, Out_grad):
-        slope = np.exp(-np.square(X.astype(np.float64))) * (2.0 / math.sqrt(math.pi))
-        return (np.asarray(Out_grad * slope).astype(X.dtype),)
+    def backward(X, Out, Out_grad, xp):
+        slope = xp.exp(-xp.square(X.astype(np.float64))) * (2.0 / math.sqrt(math.pi))
+        return (xp.asarray(Out_grad * slope).astype(X.dtype),)
+
+
+# erf's rational approximations from Cephes (S. L. Moshier, public domain; scipy's too):
+# x T(x^2) / U(x^2) for |x| <= 1, else 1 - exp(-x^2) P(|x|) / Q(|x|); within 4e-16 of
+# math.erf (tests/ops/test_onnx_compat.py). Past |x| = 6, erfc < 2**-54: erf is +-1 exactly.
+_ERF_T = (
+    9.60497373987051638749e0,
+    9.00260197203842689217e1,
+    2.23200534594684319226e3,
+    7.00332514112805075473e3,
+    5.55923013010394962768e4,
+)
+_ERF_U = (
+    1.0,
+    3.35617141647503099647e1,
+    5.21357949780152679795e2,
+    4.59432382970980127987e3,
+    2.26290000613890934246e4,
+    4.92673942608635921086e4,
+)
+_ERFC_P = (
+    2.46196981473530512524e-10,
+    5.64189564831068821977e-1,
+    7.46321056442269912687e0,
+    4.86371970985681366614e1,
+    1.96520832956077098242e2,
+    5.26445194995477358631e2,
+    9.34528527171957607540e2,
+    1.02755188689515710272e3,
+    5.57535335369399327526e2,
+)
+_ERFC_Q = (
+    1.0,
+    1.32281951154744992508e1,
+    8.67072140885989742329e1,
+    3.54937778887819891062e2,
+    9.75708501743205489753e2,
+    1.82390916687909736289e3,
+    2.24633760818710981792e3,
+    1.65666309194161350182e3,
+    5.57535340817727675546e2,
+)
+
+
+def _polynomial(x, coefficients: tuple[float, ...]):
+    total = coefficients[0]
+    for c in coefficients[1:]:
+        total = total * x + c
+    return total
+
+
+def _erf(x, xp):
+    """erf of float64 `x` from xp's elementwise functions (CuPy's core has no erf)."""
+    inner = xp.clip(x, -1.0, 1.0)  # the |x| <= 1 branch, kept finite everywhere
+    z = inner * inner
+    small = inner * _polynomial(z, _ERF_T) / _polynomial(z, _ERF_U)
+    a = xp.minimum(xp.abs(x), 6.0)
+    large = 1.0 - xp.exp(-a * a) * _polynomial(a, _ERFC_P) / _polynomial(a, _ERFC_Q)
+    return xp.where(xp.abs(x) <= 1.0, small, xp.copysign(large, x))
 
 
 @register_op
@@ -111,14 +196,14 @@ class onnx_log_softmax:
             fail(f"axis {axis} is out of range for X {list(X.shape)}")
         return X
 
-    def forward(X, axis):
+    def forward(X, axis, xp):
         if not X.size:
             return X.copy()
         shifted = X - X.max(axis=axis, keepdims=True)
-        return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+        return shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
 
-    def backward(X, Out, Out_grad, axis):
-        return (Out_grad - np.exp(Out) * Out_grad.sum(axis=axis, keepdims=True),)
+    def backward(X, Out, Out_grad, axis, xp):
+        return (Out_grad - xp.exp(Out) * Out_grad.sum(axis=axis, keepdims=True),)
 
 
 # ---- shapes from tensors: reshape, constant_of_shape, unsqueeze, squeeze, tile ----
@@ -161,11 +246,11 @@ class onnx_constant_of_shape:
         _require_ints(Input, "Input")
         return VarInfo((-1,) * _length(Input, "Input"), dtype)
 
-    def forward(Input, value, dtype):
+    def forward(Input, value, dtype, xp):
         shape = _values(Input)
         if any(d < 0 for d in shape):
             raise ShapeError(f"Input holds a negative dim: {shape}")
-        return np.full(shape, value, dtype=dtype)
+        return xp.full(shape, value, dtype=dtype)
 
 
 @register_op
@@ -179,9 +264,9 @@ class onnx_unsqueeze:
         _require_ints(Axes, "Axes")
         return VarInfo((-1,) * (X.ndim + _length(Axes, "Axes")), X.dtype)
 
-    def forward(X, Axes):
-        axes = _axes(_values(Axes), X.ndim + len(_values(Axes)), "onnx_unsqueeze")
-        return np.expand_dims(X, tuple(axes))
+    def forward(X, Axes, xp):
+        values = _values(Axes)
+        return xp.expand_dims(X, tuple(_axes(values, X.ndim + len(values), "onnx_unsqueeze")))
 
     def backward(X, Axes, Out, Out_grad):
         return (Out_grad.reshape(X.shape),)
@@ -200,14 +285,14 @@ class onnx_squeeze:
             return VarInfo(tuple(d for d in X.shape if d != 1), X.dtype)
         return VarInfo((-1,) * (X.ndim - _length(Axes, "Axes")), X.dtype)
 
-    def forward(X, Axes):
+    def forward(X, Axes, xp):
         if Axes is None:
-            return np.squeeze(X)
+            return xp.squeeze(X)
         axes = _axes(_values(Axes), X.ndim, "onnx_squeeze")
         bad = [a for a in axes if X.shape[a] != 1]
         if bad:
             raise ShapeError(f"cannot squeeze dims {bad} of X {list(X.shape)}: not of size 1")
-        return np.squeeze(X, axis=tuple(axes))
+        return xp.squeeze(X, axis=tuple(axes))
 
     def backward(X, Axes, Out, Out_grad):
         return (Out_grad.reshape(X.shape),)
@@ -227,11 +312,11 @@ class onnx_tile:
             fail(f"Repeats holds {count} values but X {list(X.shape)} has rank {X.ndim}")
         return VarInfo((-1,) * X.ndim, X.dtype)
 
-    def forward(X, Repeats):
+    def forward(X, Repeats, xp):
         repeats = _values(Repeats)
         if len(repeats) != X.ndim or any(r < 0 for r in repeats):
             raise ShapeError(f"Repeats {repeats} must hold {X.ndim} values >= 0")
-        return np.tile(X, repeats)
+        return xp.tile(X, repeats)
 
     def backward(X, Repeats, Out, Out_grad):
         # Out's dim i is (repeats[i], X.shape[i]): sum the repeat axes away.
@@ -283,8 +368,8 @@ class onnx_slice:
         index = _slice_of(Input, Starts, Ends, Axes, Steps)
         return Input[index]
 
-    def backward(Input, Starts, Ends, Axes, Steps, Out, Out_grad):
-        grad = np.zeros(Input.shape, Out_grad.dtype)
+    def backward(Input, Starts, Ends, Axes, Steps, Out, Out_grad, xp):
+        grad = xp.zeros(Input.shape, Out_grad.dtype)
         grad[_slice_of(Input, Starts, Ends, Axes, Steps)] = Out_grad
         return (grad,)
 
@@ -311,21 +396,21 @@ class onnx_gather:
         ax = axis % X.ndim
         return VarInfo(X.shape[:ax] + Index.shape + X.shape[ax + 1 :], X.dtype)
 
-    def forward(X, Index, axis):
-        return np.take(X, _gather_index(X, Index, axis), axis=axis)
+    def forward(X, Index, axis, xp, device):
+        return xp.take(X, _gather_index(X, Index, axis, device), axis=axis)
 
-    def backward(X, Index, Out, Out_grad, axis):
+    def backward(X, Index, Out, Out_grad, axis, xp, device):
         ax = axis % X.ndim
-        grad = np.zeros(X.shape, Out_grad.dtype)
-        index = (builtins.slice(None),) * ax + (_gather_index(X, Index, axis),)
-        np.add.at(grad, index, Out_grad)
+        grad = xp.zeros(X.shape, Out_grad.dtype)
+        index = (builtins.slice(None),) * ax + (_gather_index(X, Index, axis, device),)
+        device.scatter_add(grad, index, Out_grad)
         return (grad,)
 
 
-def _gather_index(X: np.ndarray, Index: np.ndarray, axis: int) -> np.ndarray:
+def _gather_index(X, Index, axis: int, device: DeviceContext):
     dim = X.shape[axis]
-    index = np.where(Index < 0, Index + dim, Index)
-    check_index_range(index, dim, f"onnx_gather from X {list(X.shape)} along axis {axis}")
+    index = device.xp.where(Index < 0, Index + dim, Index)
+    _check_range(index, dim, f"onnx_gather from X {list(X.shape)} along axis {axis}", device)
     return index
 
 
@@ -345,16 +430,17 @@ class onnx_split:
         ax = axis % X.ndim
         return [VarInfo(X.shape[:ax] + (-1,) + X.shape[ax + 1 :], X.dtype)] * num
 
-    def forward(X, Split, axis, num):
-        return np.split(X, np.cumsum(_split_sizes(X, Split, axis, num))[:-1], axis=axis)
+    def forward(X, Split, axis, num, xp):
+        ends = list(itertools.accumulate(_split_sizes(X, Split, axis, num)))
+        return xp.split(X, ends[:-1], axis=axis)
 
-    def backward(X, Split, Out, Out_grad, axis, num):
-        grads = [np.zeros_like(o) if g is None else g for o, g in zip(Out, Out_grad or [])]
-        grads += [np.zeros_like(o) for o in Out[len(grads) :]]
-        return (np.concatenate(grads, axis=axis),)
+    def backward(X, Split, Out, Out_grad, axis, num, xp):
+        grads = [xp.zeros_like(o) if g is None else g for o, g in zip(Out, Out_grad or [])]
+        grads += [xp.zeros_like(o) for o in Out[len(grads) :]]
+        return (xp.concatenate(grads, axis=axis),)
 
 
-def _split_sizes(X: np.ndarray, Split, axis: int, num: int) -> list[int]:
+def _split_sizes(X, Split, axis: int, num: int) -> list[int]:
     dim = X.shape[axis]
     if Split is None:
         part = -(-dim // num)
@@ -388,7 +474,9 @@ def _pad_positions(dim: int, before: int, after: int, mode: str) -> tuple[np.nda
     return np.where(folded >= dim, period - folded, folded), np.ones_like(inside)
 
 
-def _pad_plan(X: np.ndarray, Pads, Axes, mode: str) -> list[tuple[int, np.ndarray, np.ndarray]]:
+def _pad_plan(X, Pads, Axes, mode: str, xp) -> list[tuple]:
+    """Per padded axis: (axis, the input position of each output position, whether it copies
+    one, whether all do). Made on the host from the pads (ints), moved to the place once."""
     pads = _values(Pads)
     axes = list(range(X.ndim)) if Axes is None else _axes(_values(Axes), X.ndim, "onnx_pad")
     if len(pads) != 2 * len(axes):
@@ -400,7 +488,8 @@ def _pad_plan(X: np.ndarray, Pads, Axes, mode: str) -> list[tuple[int, np.ndarra
             raise ShapeError(f"Pads {pads} remove more than dim {axis} of X {list(X.shape)}")
         if mode in ("reflect", "wrap") and X.shape[axis] == 0 and before + after > 0:
             raise ShapeError(f"{mode} padding of the empty dim {axis} of X {list(X.shape)}")
-        plan.append((axis, *_pad_positions(X.shape[axis], before, after, mode)))
+        source, inside = _pad_positions(X.shape[axis], before, after, mode)
+        plan.append((axis, xp.asarray(source), xp.asarray(inside), bool(inside.all())))
     return plan
 
 
@@ -420,40 +509,40 @@ class onnx_pad:
         _require_ints(Axes, "Axes")
         return VarInfo((-1,) * X.ndim, X.dtype)
 
-    def forward(X, Pads, Value, Axes, mode):
+    def forward(X, Pads, Value, Axes, mode, xp):
         out = X
-        fill = np.zeros((), X.dtype) if Value is None else np.asarray(Value).reshape(-1)[0]
-        for axis, source, inside in _pad_plan(X, Pads, Axes, mode):
-            out = np.take(out, source, axis=axis) if out.shape[axis] else _empty(out, axis, source)
-            if mode == "constant" and not inside.all():
+        fill = xp.zeros((), X.dtype) if Value is None else Value.reshape(-1)[0]
+        for axis, source, inside, full in _pad_plan(X, Pads, Axes, mode, xp):
+            out = xp.take(out, source, axis=axis) if out.shape[axis] else _empty(out, axis, source)
+            if mode == "constant" and not full:
                 shape = [1] * out.ndim
                 shape[axis] = -1
-                out = np.where(inside.reshape(shape), out, fill).astype(X.dtype, copy=False)
+                out = xp.where(inside.reshape(shape), out, fill).astype(X.dtype, copy=False)
         return out
 
-    def backward(X, Pads, Value, Axes, Out, Out_grad, mode):
+    def backward(X, Pads, Value, Axes, Out, Out_grad, mode, xp, device):
         # Undo the per-axis steps last first: each output position's gradient goes back to the
         # input position it copied (summed where several copy one), none from the constant.
-        plan = _pad_plan(X, Pads, Axes, mode)
+        plan = _pad_plan(X, Pads, Axes, mode, xp)
         shapes = [X.shape]  # the input shape of each step
-        for axis, source, _ in plan[:-1]:
+        for axis, source, _, _ in plan[:-1]:
             shapes.append(shapes[-1][:axis] + (len(source),) + shapes[-1][axis + 1 :])
         grad = Out_grad
-        for (axis, source, inside), shape in zip(reversed(plan), reversed(shapes)):
+        for (axis, source, inside, _), shape in zip(reversed(plan), reversed(shapes)):
             if mode == "constant":
                 keep = [1] * grad.ndim
                 keep[axis] = -1
-                grad = np.where(inside.reshape(keep), grad, 0).astype(Out_grad.dtype)
-            back = np.zeros(shape, Out_grad.dtype)
-            np.add.at(back, (builtins.slice(None),) * axis + (source,), grad)
+                grad = xp.where(inside.reshape(keep), grad, 0).astype(Out_grad.dtype)
+            back = xp.zeros(shape, Out_grad.dtype)
+            device.scatter_add(back, (builtins.slice(None),) * axis + (source,), grad)
             grad = back
         return (grad,)
 
 
-def _empty(out: np.ndarray, axis: int, source: np.ndarray) -> np.ndarray:
+def _empty(out, axis: int, source):
     shape = list(out.shape)
     shape[axis] = len(source)
-    return np.zeros(shape, out.dtype)
+    return array_module(out).zeros(shape, out.dtype)
 
 
 # ---- reductions over axes given at run time ----
@@ -488,21 +577,23 @@ class onnx_reduce:
             return VarInfo(X.shape if noop_with_empty_axes else (), X.dtype)
         return VarInfo((-1,) * (X.ndim - count), X.dtype)
 
-    def forward(X, Axes, kind, keepdims, noop_with_empty_axes):
+    def forward(X, Axes, kind, keepdims, noop_with_empty_axes, device):
         axes = _reduce_axes(X, Axes, noop_with_empty_axes)
         if axes is None:
             return X.copy()
         if kind in ("max", "min") and any(X.shape[a] == 0 for a in axes):
-            return _empty_extreme(X, axes, kind, keepdims)
+            return _empty_extreme(X, axes, kind, keepdims, device.xp)
         kwargs = {"dim": list(axes), "keep_dim": keepdims, "reduce_all": not axes}
-        return get_op_def(_REDUCE_KINDS[kind]).forward(X, **kwargs)
+        kernel = get_op_def(_REDUCE_KINDS[kind]).forward
+        return kernel(X, **kwargs, **place_args(kernel, device))
 
-    def backward(X, Axes, Out, Out_grad, kind, keepdims, noop_with_empty_axes):
+    def backward(X, Axes, Out, Out_grad, kind, keepdims, noop_with_empty_axes, device):
         axes = _reduce_axes(X, Axes, noop_with_empty_axes)
         if axes is None:
             return (Out_grad,)
         kwargs = {"dim": list(axes), "keep_dim": keepdims, "reduce_all": not axes}
-        return get_op_def(_REDUCE_KINDS[kind]).backward(X, Out, Out_grad, **kwargs)
+        kernel = get_op_def(_REDUCE_KINDS[kind]).backward
+        return kernel(X, Out, Out_grad, **kwargs, **place_args(kernel, device))
 
 
 def _reduce_axes(X, Axes, noop: bool) -> tuple[int, ...] | None:
@@ -513,7 +604,7 @@ def _reduce_axes(X, Axes, noop: bool) -> tuple[int, ...] | None:
     return tuple(sorted(_axes(axes, X.ndim, "onnx_reduce")))
 
 
-def _empty_extreme(X: np.ndarray, axes, kind: str, keepdims: bool) -> np.ndarray:
+def _empty_extreme(X, axes, kind: str, keepdims: bool, xp):
     if X.dtype.kind == "f":
         fill = -np.inf if kind == "max" else np.inf
     elif X.dtype.kind == "b":
@@ -524,7 +615,7 @@ def _empty_extreme(X: np.ndarray, axes, kind: str, keepdims: bool) -> np.ndarray
     shape = [1 if i in axes else d for i, d in enumerate(X.shape)]
     if not keepdims:
         shape = [d for i, d in enumerate(X.shape) if i not in axes]
-    return np.full(shape, fill, X.dtype)
+    return xp.full(shape, fill, X.dtype)
 
 
 # ---- elementwise math NumPy has and Fluid 1.x does not ----
@@ -539,17 +630,17 @@ def _float_infer(name: str):
     return infer
 
 
-def _unary(name: str, fn, slope=None, doc: str = "") -> type:
-    """Register onnx_<name>: Out = fn(X) (float X); `slope(X, Out)` is dOut/dX, None for an
-    op whose gradient is zero almost everywhere (floor, ceil, round)."""
+def _unary(name: str, fn: str, slope=None, doc: str = "") -> type:
+    """Register onnx_<name>: Out = xp.<fn>(X) (float X); `slope(xp, X, Out)` is dOut/dX, None
+    for an op whose gradient is zero almost everywhere (floor, ceil, round)."""
 
-    def forward(X):
-        return np.asarray(fn(X)).astype(X.dtype, copy=False)
+    def forward(X, xp):
+        return xp.asarray(getattr(xp, fn)(X)).astype(X.dtype, copy=False)
 
-    def backward(X, Out, Out_grad):
+    def backward(X, Out, Out_grad, xp):
         if slope is None:
-            return (np.zeros_like(Out_grad),)
-        return (np.asarray(Out_grad * slope(X, Out)).astype(X.dtype, copy=False),)
+            return (xp.zeros_like(Out_grad),)
+        return (xp.asarray(Out_grad * slope(xp, X, Out)).astype(X.dtype, copy=False),)
 
     body = {
         "__doc__": doc,
@@ -563,20 +654,20 @@ def _unary(name: str, fn, slope=None, doc: str = "") -> type:
 
 
 _UNARY = [
-    ("floor", np.floor, None, "Out = the largest integer <= X (zero gradient)."),
-    ("ceil", np.ceil, None, "Out = the smallest integer >= X (zero gradient)."),
-    ("round", np.round, None, "Out = X rounded to the nearest integer, halves to even."),
-    ("sin", np.sin, lambda x, y: np.cos(x), "Out = sin(X)."),
-    ("cos", np.cos, lambda x, y: -np.sin(x), "Out = cos(X)."),
-    ("tan", np.tan, lambda x, y: 1 + y * y, "Out = tan(X)."),
-    ("asin", np.arcsin, lambda x, y: 1 / np.sqrt(1 - x * x), "Out = arcsin(X)."),
-    ("acos", np.arccos, lambda x, y: -1 / np.sqrt(1 - x * x), "Out = arccos(X)."),
-    ("atan", np.arctan, lambda x, y: 1 / (1 + x * x), "Out = arctan(X)."),
-    ("sinh", np.sinh, lambda x, y: np.cosh(x), "Out = sinh(X)."),
-    ("cosh", np.cosh, lambda x, y: np.sinh(x), "Out = cosh(X)."),
-    ("asinh", np.arcsinh, lambda x, y: 1 / np.sqrt(x * x + 1), "Out = arcsinh(X)."),
-    ("acosh", np.arccosh, lambda x, y: 1 / np.sqrt(x * x - 1), "Out = arccosh(X)."),
-    ("atanh", np.arctanh, lambda x, y: 1 / (1 - x * x), "Out = arctanh(X)."),
+    ("floor", "floor", None, "Out = the largest integer <= X (zero gradient)."),
+    ("ceil", "ceil", None, "Out = the smallest integer >= X (zero gradient)."),
+    ("round", "round", None, "Out = X rounded to the nearest integer, halves to even."),
+    ("sin", "sin", lambda xp, x, y: xp.cos(x), "Out = sin(X)."),
+    ("cos", "cos", lambda xp, x, y: -xp.sin(x), "Out = cos(X)."),
+    ("tan", "tan", lambda xp, x, y: 1 + y * y, "Out = tan(X)."),
+    ("asin", "arcsin", lambda xp, x, y: 1 / xp.sqrt(1 - x * x), "Out = arcsin(X)."),
+    ("acos", "arccos", lambda xp, x, y: -1 / xp.sqrt(1 - x * x), "Out = arccos(X)."),
+    ("atan", "arctan", lambda xp, x, y: 1 / (1 + x * x), "Out = arctan(X)."),
+    ("sinh", "sinh", lambda xp, x, y: xp.cosh(x), "Out = sinh(X)."),
+    ("cosh", "cosh", lambda xp, x, y: xp.sinh(x), "Out = cosh(X)."),
+    ("asinh", "arcsinh", lambda xp, x, y: 1 / xp.sqrt(x * x + 1), "Out = arcsinh(X)."),
+    ("acosh", "arccosh", lambda xp, x, y: 1 / xp.sqrt(x * x - 1), "Out = arccosh(X)."),
+    ("atanh", "arctanh", lambda xp, x, y: 1 / (1 - x * x), "Out = arctanh(X)."),
 ]
 for _name, _fn, _slope, _doc in _UNARY:
     _unary(_name, _fn, _slope, _doc)
@@ -591,8 +682,8 @@ class onnx_isnan:
     def infer(X):
         return VarInfo(_float_infer("onnx_isnan")(X).shape, "bool")
 
-    def forward(X):
-        return np.isnan(X)
+    def forward(X, xp):
+        return xp.isnan(X)
 
 
 @register_op
@@ -606,8 +697,8 @@ class onnx_isinf:
     def infer(X, detect_positive, detect_negative):
         return VarInfo(_float_infer("onnx_isinf")(X).shape, "bool")
 
-    def forward(X, detect_positive, detect_negative):
-        return np.isinf(X) & (((X > 0) & detect_positive) | ((X < 0) & detect_negative))
+    def forward(X, detect_positive, detect_negative, xp):
+        return xp.isinf(X) & (((X > 0) & detect_positive) | ((X < 0) & detect_negative))
 
 
 @register_op
@@ -623,9 +714,9 @@ class onnx_mod:
             raise DTypeError(f"X is {X.dtype} but Y is {Y.dtype}; cast one of them")
         return VarInfo(broadcast_shapes(X.shape, Y.shape), X.dtype)
 
-    def forward(X, Y, fmod):
+    def forward(X, Y, fmod, xp):
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.asarray(np.fmod(X, Y) if fmod else np.mod(X, Y))
+            return xp.asarray(xp.fmod(X, Y) if fmod else xp.mod(X, Y))
 
 
 # ---- integer bit operations ----
@@ -637,8 +728,8 @@ def _require_integers(X: VarInfo, op: str) -> VarInfo:
     return X
 
 
-def _bitwise(name: str, fn, doc: str) -> type:
-    """Register onnx_<name>: Out = fn(X, Y), integers of one dtype, broadcast."""
+def _bitwise(name: str, fn: str, doc: str) -> type:
+    """Register onnx_<name>: Out = xp.<fn>(X, Y), integers of one dtype, broadcast."""
 
     def infer(X, Y):
         if X.dtype != Y.dtype:
@@ -646,8 +737,8 @@ def _bitwise(name: str, fn, doc: str) -> type:
         _require_integers(X, f"onnx_{name}")
         return VarInfo(broadcast_shapes(X.shape, Y.shape), X.dtype)
 
-    def forward(X, Y):
-        return np.asarray(fn(X, Y))
+    def forward(X, Y, xp):
+        return xp.asarray(getattr(xp, fn)(X, Y))
 
     body = {
         "__doc__": doc,
@@ -659,11 +750,11 @@ def _bitwise(name: str, fn, doc: str) -> type:
     return register_op(type(f"onnx_{name}", (), body))
 
 
-_bitwise("bitwise_and", np.bitwise_and, "Out = X & Y (integers), broadcast.")
-_bitwise("bitwise_or", np.bitwise_or, "Out = X | Y (integers), broadcast.")
-_bitwise("bitwise_xor", np.bitwise_xor, "Out = X ^ Y (integers), broadcast.")
-_bitwise("shift_left", np.left_shift, "Out = X << Y (integers), broadcast.")
-_bitwise("shift_right", np.right_shift, "Out = X >> Y (integers), broadcast.")
+_bitwise("bitwise_and", "bitwise_and", "Out = X & Y (integers), broadcast.")
+_bitwise("bitwise_or", "bitwise_or", "Out = X | Y (integers), broadcast.")
+_bitwise("bitwise_xor", "bitwise_xor", "Out = X ^ Y (integers), broadcast.")
+_bitwise("shift_left", "left_shift", "Out = X << Y (integers), broadcast.")
+_bitwise("shift_right", "right_shift", "Out = X >> Y (integers), broadcast.")
 
 
 @register_op
@@ -675,8 +766,8 @@ class onnx_bitwise_not:
     def infer(X):
         return _require_integers(X, "onnx_bitwise_not")
 
-    def forward(X):
-        return np.asarray(np.invert(X))
+    def forward(X, xp):
+        return xp.asarray(xp.invert(X))
 
 
 # ---- triangles, cumulative sums, element-wise gathers and scatters ----
@@ -697,16 +788,16 @@ class onnx_trilu:
             fail(f"X {list(X.shape)} needs two dims")
         return X
 
-    def forward(X, K, upper):
-        return _triangle(X, K, upper)
+    def forward(X, K, upper, xp):
+        return _triangle(X, K, upper, xp)
 
-    def backward(X, K, Out, Out_grad, upper):
-        return (_triangle(Out_grad, K, upper),)
+    def backward(X, K, Out, Out_grad, upper, xp):
+        return (_triangle(Out_grad, K, upper, xp),)
 
 
-def _triangle(X: np.ndarray, K, upper: bool) -> np.ndarray:
+def _triangle(X, K, upper: bool, xp):
     k = _values(K)[0] if K is not None else 0
-    return np.triu(X, k) if upper else np.tril(X, k)
+    return xp.triu(X, k) if upper else xp.tril(X, k)
 
 
 def _infer_running(X, Axis, exclusive, reverse):
@@ -728,13 +819,15 @@ class onnx_cumsum:
 
     infer = _infer_running
 
-    def forward(X, Axis, exclusive, reverse):
+    def forward(X, Axis, exclusive, reverse, device):
         attrs = _cumsum_attrs(X, Axis, exclusive, reverse)
-        return get_op_def("cumsum").forward(X, **attrs)
+        kernel = get_op_def("cumsum").forward
+        return kernel(X, **attrs, **place_args(kernel, device))
 
-    def backward(X, Axis, Out, Out_grad, exclusive, reverse):
+    def backward(X, Axis, Out, Out_grad, exclusive, reverse, device):
         attrs = _cumsum_attrs(X, Axis, exclusive, reverse)
-        return get_op_def("cumsum").backward(X, Out, Out_grad, **attrs)
+        kernel = get_op_def("cumsum").backward
+        return kernel(X, Out, Out_grad, **attrs, **place_args(kernel, device))
 
 
 def _cumsum_attrs(X, Axis, exclusive: bool, reverse: bool) -> dict:
@@ -753,24 +846,30 @@ class onnx_cumprod:
 
     infer = _infer_running
 
-    def forward(X, Axis, exclusive, reverse):
+    def forward(X, Axis, exclusive, reverse, xp):
         (axis,) = _axes(_values(Axis)[:1], X.ndim, "onnx_cumprod")
-        x = np.flip(X, axis) if reverse else X
+        x = xp.flip(X, axis) if reverse else X
         if exclusive and X.shape[axis]:  # a 1 in front, the last element left out
-            ones = np.ones_like(np.take(x, [0], axis=axis))
-            x = np.concatenate([ones, np.delete(x, -1, axis=axis)], axis=axis)
-        out = np.cumprod(x, axis=axis, dtype=X.dtype)
-        return np.flip(out, axis) if reverse else out
+            ones = xp.ones(x.shape[:axis] + (1,) + x.shape[axis + 1 :], x.dtype)
+            most = x[(builtins.slice(None),) * axis + (builtins.slice(-1),)]
+            x = xp.concatenate([ones, most], axis=axis)
+        out = xp.cumprod(x, axis=axis, dtype=X.dtype)
+        return xp.flip(out, axis) if reverse else out
 
 
-def _element_index(X: np.ndarray, Index: np.ndarray, axis: int, what: str) -> tuple:
+def _element_index(X, Index, axis: int, what: str, device: DeviceContext) -> tuple:
     """The full index (a tuple of arrays shaped like Index) of ONNX GatherElements /
     ScatterElements: Index's values (negative from the end) along `axis`, positions elsewhere."""
+    xp = device.xp
     ax = axis % X.ndim
     dim = X.shape[ax]
-    index = np.where(Index < 0, Index + dim, Index)
-    check_index_range(index, dim, f"{what} along axis {ax} of X {list(X.shape)}")
-    grid = list(np.indices(Index.shape, sparse=True))
+    index = xp.where(Index < 0, Index + dim, Index)
+    _check_range(index, dim, f"{what} along axis {ax} of X {list(X.shape)}", device)
+    # np.indices(Index.shape, sparse=True), which CuPy lacks: an arange along each dim
+    ones = (1,) * Index.ndim
+    grid = [
+        xp.arange(n).reshape(ones[:i] + (n,) + ones[i + 1 :]) for i, n in enumerate(Index.shape)
+    ]
     grid[ax] = index
     return tuple(grid)
 
@@ -790,32 +889,30 @@ class onnx_gather_elements:
             fail(f"Index {list(Index.shape)} and axis {axis} do not fit X {list(X.shape)}")
         return VarInfo(Index.shape, X.dtype)
 
-    def forward(X, Index, axis):
-        return X[_element_index(X, Index, axis, "onnx_gather_elements")]
+    def forward(X, Index, axis, device):
+        return X[_element_index(X, Index, axis, "onnx_gather_elements", device)]
 
-    def backward(X, Index, Out, Out_grad, axis):
-        grad = np.zeros(X.shape, Out_grad.dtype)
-        np.add.at(grad, _element_index(X, Index, axis, "onnx_gather_elements"), Out_grad)
+    def backward(X, Index, Out, Out_grad, axis, xp, device):
+        grad = xp.zeros(X.shape, Out_grad.dtype)
+        index = _element_index(X, Index, axis, "onnx_gather_elements", device)
+        device.scatter_add(grad, index, Out_grad)
         return (grad,)
 
 
-_REDUCTIONS = {
-    "none": None,
-    "add": np.add,
-    "mul": np.multiply,
-    "max": np.maximum,
-    "min": np.minimum,
-}
+# reduction -> the ufunc whose `at` combines repeated indices (add: the place's scatter_add)
+_REDUCTIONS = {"none": None, "add": "add", "mul": "multiply", "max": "maximum", "min": "minimum"}
 
 
-def _scatter(X: np.ndarray, index: tuple, Updates: np.ndarray, reduction: str) -> np.ndarray:
+def _scatter(X, index: tuple, Updates, reduction: str, device: DeviceContext):
     if reduction not in _REDUCTIONS:
         raise AttrError(f"reduction must be one of {list(_REDUCTIONS)}, got '{reduction}'")
     out = X.copy()
     if reduction == "none":
         out[index] = Updates
+    elif reduction == "add":
+        device.scatter_add(out, index, Updates)
     else:
-        _REDUCTIONS[reduction].at(out, index, Updates)
+        getattr(device.xp, _REDUCTIONS[reduction]).at(out, index, Updates)
     return out
 
 
@@ -833,9 +930,9 @@ class onnx_scatter_elements:
             raise DTypeError(f"Updates is {Updates.dtype} but X is {X.dtype}")
         return X
 
-    def forward(X, Index, Updates, axis, reduction):
-        index = _element_index(X, Index, axis, "onnx_scatter_elements")
-        return _scatter(X, index, Updates, reduction)
+    def forward(X, Index, Updates, axis, reduction, device):
+        index = _element_index(X, Index, axis, "onnx_scatter_elements", device)
+        return _scatter(X, index, Updates, reduction, device)
 
 
 @register_op
@@ -852,15 +949,14 @@ class onnx_scatter_nd:
             raise DTypeError(f"Updates is {Updates.dtype} but X is {X.dtype}")
         return X
 
-    def forward(X, Index, Updates, reduction):
+    def forward(X, Index, Updates, reduction, xp, device):
         depth = Index.shape[-1]
+        dims = np.asarray(X.shape[:depth])
         coords = Index.reshape(-1, depth)
-        coords = np.where(coords < 0, coords + np.asarray(X.shape[:depth]), coords)
-        check_index_range(
-            coords, np.asarray(X.shape[:depth]), f"onnx_scatter_nd into X {list(X.shape)}"
-        )
+        coords = xp.where(coords < 0, coords + xp.asarray(dims), coords)
+        _check_range(coords, dims, f"onnx_scatter_nd into X {list(X.shape)}", device)
         updates = Updates.reshape((-1,) + X.shape[depth:])
-        return _scatter(X, tuple(coords.T), updates, reduction)
+        return _scatter(X, tuple(coords.T), updates, reduction, device)
 
 
 @register_op
@@ -879,14 +975,14 @@ class onnx_one_hot:
         shape.insert(axis % rank, -1)
         return VarInfo(tuple(shape), Values.dtype)
 
-    def forward(Indices, Depth, Values, axis):
-        depth = int(np.asarray(Depth).reshape(-1)[0])
-        off, on = np.asarray(Values).reshape(-1)[:2]
-        index = np.asarray(Indices).astype(np.int64)
-        index = np.where(index < 0, index + depth, index)
-        hot = index[..., None] == np.arange(depth)
-        out = np.where(hot, on, off).astype(Values.dtype)
-        return np.moveaxis(out, -1, axis % (index.ndim + 1))
+    def forward(Indices, Depth, Values, axis, xp):
+        depth = _values(Depth)[0]  # the result's shape: read on the host
+        off, on = Values.reshape(-1)[:2]
+        index = Indices.astype(np.int64)
+        index = xp.where(index < 0, index + depth, index)
+        hot = index[..., None] == xp.arange(depth)
+        out = xp.where(hot, on, off).astype(Values.dtype)
+        return xp.moveaxis(out, -1, axis % (index.ndim + 1))
 
 
 @register_op
@@ -908,8 +1004,8 @@ class onnx_einsum:
             )
         return VarInfo((-1,) * rank, Inputs[0].dtype)
 
-    def forward(Inputs, equation):
-        return np.asarray(np.einsum(equation, *Inputs))
+    def forward(Inputs, equation, xp):
+        return xp.asarray(xp.einsum(equation, *Inputs))
 
 
 # ---- resize ----
@@ -1011,17 +1107,19 @@ def _resize_axis(size: int, out: int, scale: float, roi, attrs: dict):
     return np.clip(index, 0, size - 1), weights, outside
 
 
-def _resize_plan(X: np.ndarray, Roi, Scales, Sizes, attrs: dict) -> list[tuple]:
-    """Per resized axis: (axis, indexes, weights, outside mask or None)."""
+def _resize_plan(X, Roi, Scales, Sizes, attrs: dict, xp) -> list[tuple]:
+    """Per resized axis: (axis, indexes, weights, outside mask or None), made on the host from
+    Roi, Scales and Sizes (read there: they decide the output's shape and coordinates) and
+    moved to X's place once."""
     rank = X.ndim
     axes = [a % rank for a in attrs["axes"]] or list(range(rank))
     scales, sizes = [1.0] * rank, list(X.shape)
     roi = [(0.0, 1.0)] * rank
-    if Roi is not None and np.asarray(Roi).size:
-        values = np.asarray(Roi, np.float64).reshape(-1)
+    if Roi is not None and Roi.size:
+        values = _floats(Roi)
         for k, a in enumerate(axes):
             roi[a] = (values[k], values[k + len(axes)])
-    if Sizes is not None and np.asarray(Sizes).size:
+    if Sizes is not None and Sizes.size:
         wanted = _values(Sizes)
         for k, a in enumerate(axes):
             sizes[a] = wanted[k]
@@ -1032,10 +1130,10 @@ def _resize_plan(X: np.ndarray, Roi, Scales, Sizes, attrs: dict) -> list[tuple]:
             scale = pick(scales[a] for a in axes)
             for a in axes:
                 scales[a], sizes[a] = scale, int(scale * X.shape[a] + 0.5)
-    elif Scales is not None and np.asarray(Scales).size:
-        factors = np.asarray(Scales, np.float64).reshape(-1)
+    elif Scales is not None and Scales.size:
+        factors = _floats(Scales)
         for k, a in enumerate(axes):
-            scales[a] = float(factors[k])
+            scales[a] = factors[k]
             sizes[a] = int(factors[k] * X.shape[a])
     else:
         raise ShapeError("onnx_resize needs Scales or Sizes")
@@ -1046,16 +1144,18 @@ def _resize_plan(X: np.ndarray, Roi, Scales, Sizes, attrs: dict) -> list[tuple]:
         )
         if math.isclose(scales[a], 1.0) and sizes[a] == X.shape[a] and trivial:
             continue
-        plan.append((a, *_resize_axis(X.shape[a], sizes[a], scales[a], roi[a], attrs)))
+        index, weights, outside = _resize_axis(X.shape[a], sizes[a], scales[a], roi[a], attrs)
+        outside = None if outside is None else xp.asarray(outside)
+        plan.append((a, xp.asarray(index), xp.asarray(weights), outside))
     return plan
 
 
-def _along(x: np.ndarray, axis: int, index: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def _along(x, axis: int, index, weights, xp):
     """sum_k weights[:, k] * x[index[:, k]] along `axis`."""
-    moved = np.moveaxis(x, axis, 0)
+    moved = xp.moveaxis(x, axis, 0)
     picked = moved[index]  # [out, n, ...]
     weights = weights.reshape(weights.shape + (1,) * (moved.ndim - 1))
-    return np.moveaxis((picked * weights).sum(axis=1), 0, axis)
+    return xp.moveaxis((picked * weights).sum(axis=1), 0, axis)
 
 
 @register_op
@@ -1091,40 +1191,40 @@ class onnx_resize:
         _require_ints(Sizes, "Sizes")
         return VarInfo((-1,) * X.ndim, X.dtype)
 
-    def forward(X, Roi, Scales, Sizes, **attrs):
+    def forward(X, Roi, Scales, Sizes, xp, **attrs):
         y = X.astype(np.float64)
-        outside = np.zeros((), bool)
-        for axis, index, weights, out_of_range in _resize_plan(X, Roi, Scales, Sizes, attrs):
-            y = _along(y, axis, index, weights)
+        outside = xp.zeros((), bool)
+        for axis, index, weights, out_of_range in _resize_plan(X, Roi, Scales, Sizes, attrs, xp):
+            y = _along(y, axis, index, weights, xp)
             if out_of_range is not None:
                 shape = [1] * y.ndim
                 shape[axis] = -1
                 outside = outside | out_of_range.reshape(shape)
-        y = np.where(outside, attrs["extrapolation_value"], y)
+        y = xp.where(outside, attrs["extrapolation_value"], y)
         if X.dtype.kind in "iu":
             info = np.iinfo(X.dtype)
-            y = np.clip(np.round(y), info.min, info.max)
+            y = xp.clip(xp.round(y), info.min, info.max)
         return y.astype(X.dtype)
 
-    def backward(X, Roi, Scales, Sizes, Out, Out_grad, **attrs):
-        plan = _resize_plan(X, Roi, Scales, Sizes, attrs)
+    def backward(X, Roi, Scales, Sizes, Out, Out_grad, xp, device, **attrs):
+        plan = _resize_plan(X, Roi, Scales, Sizes, attrs, xp)
         shapes = [X.shape]  # each step's input shape
         for axis, index, _, _ in plan[:-1]:
             shapes.append(shapes[-1][:axis] + (len(index),) + shapes[-1][axis + 1 :])
         grad = Out_grad.astype(np.float64)
-        outside = np.zeros((), bool)
+        outside = xp.zeros((), bool)
         for axis, _, _, out_of_range in plan:
             if out_of_range is not None:
                 shape = [1] * grad.ndim
                 shape[axis] = -1
                 outside = outside | out_of_range.reshape(shape)
-        grad = np.where(outside, 0.0, grad)
+        grad = xp.where(outside, 0.0, grad)
         for (axis, index, weights, _), shape in zip(reversed(plan), reversed(shapes)):
-            moved = np.moveaxis(grad, axis, 0)
+            moved = xp.moveaxis(grad, axis, 0)
             spread = moved[:, None] * weights.reshape(weights.shape + (1,) * (moved.ndim - 1))
-            back = np.zeros((shape[axis],) + moved.shape[1:])
-            np.add.at(back, index, spread)
-            grad = np.moveaxis(back, 0, axis)
+            back = xp.zeros((shape[axis],) + moved.shape[1:])
+            device.scatter_add(back, index, spread)
+            grad = xp.moveaxis(back, 0, axis)
         return (grad.astype(X.dtype),)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import nestflow as nf
+from nestflow.core.place import StandInPlace
 from nestflow.errors import DTypeError, ExecutionError, ShapeError
 from tests.ops.harness import OpCase, case_id
 
@@ -706,6 +707,19 @@ def test_erf_and_log_softmax_equal_torch():
     np.testing.assert_allclose(ls, expected, rtol=1e-12, atol=1e-14)
 
 
+def test_device_erf_equals_math_erf():
+    # a device has no math.erf: onnx_erf computes Cephes' rational approximation there
+    from nestflow.core import standin
+    from nestflow.ops.onnx_compat import _erf
+
+    x = np.concatenate([np.linspace(-8, 8, 200001), [0.0, -0.0, np.inf, -np.inf, 1e300, 5e-324]])
+    got = standin.asnumpy(_erf(standin.xp.asarray(x), standin.xp))
+    want = np.array([math.erf(v) for v in x])
+    np.testing.assert_allclose(got, want, rtol=4e-16, atol=4e-16)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    assert np.isnan(standin.asnumpy(_erf(standin.xp.asarray([np.nan]), standin.xp))).all()
+
+
 def _one_op(op_type, inputs, attrs=None, out_count=None):
     main = nf.Program()
     block = main.global_block()
@@ -719,16 +733,28 @@ def _one_op(op_type, inputs, attrs=None, out_count=None):
     return main
 
 
-def test_run_time_errors_name_the_values():
-    main = _one_op("onnx_gather", {"X": rand(3, 2), "Index": ints(0, 3)})
+@pytest.mark.parametrize("place", [nf.CPUPlace(), StandInPlace(0)], ids=str)
+def test_run_time_errors_name_the_values(place):
+    # on a device, out-of-range indices are found by an explicit check (CuPy wraps them)
+    def run(op_type, feed, attrs=None):
+        nf.Executor(place).run(_one_op(op_type, feed, attrs), feed=feed, scope=nf.Scope())
+
     with pytest.raises(ExecutionError, match="index 3"):
-        nf.Executor().run(main, feed={"X": rand(3, 2), "Index": ints(0, 3)}, scope=nf.Scope())
-    main = _one_op("onnx_reshape", {"X": rand(2, 3), "Shape": ints(4, -1)})
+        run("onnx_gather", {"X": rand(3, 2), "Index": ints(0, 3)})
+    with pytest.raises(ExecutionError, match=r"index -1 at position \[1, 0\]"):
+        run("onnx_gather_elements", {"X": rand(3, 2), "Index": np.array([[0, 1], [-4, 0]])})
+    updates = {"Updates": rand(2, 2)}
+    with pytest.raises(ExecutionError, match="index 2"):
+        run(
+            "onnx_scatter_elements",
+            {"X": rand(2, 2), "Index": np.array([[0, 2], [1, 0]]), **updates},
+        )
+    with pytest.raises(ExecutionError, match="index 5"):
+        run("onnx_scatter_nd", {"X": rand(4, 2), "Index": np.array([[1], [5]]), **updates})
     with pytest.raises(ShapeError, match="cannot reshape"):
-        nf.Executor().run(main, feed={"X": rand(2, 3), "Shape": ints(4, -1)}, scope=nf.Scope())
-    main = _one_op("onnx_squeeze", {"X": rand(2, 3), "Axes": ints(0)})
+        run("onnx_reshape", {"X": rand(2, 3), "Shape": ints(4, -1)})
     with pytest.raises(ShapeError, match="not of size 1"):
-        nf.Executor().run(main, feed={"X": rand(2, 3), "Axes": ints(0)}, scope=nf.Scope())
+        run("onnx_squeeze", {"X": rand(2, 3), "Axes": ints(0)})
 
 
 def test_build_time_errors():
