@@ -17,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.core.device_context import device_context
+from nestflow.core.place import place_of
 from nestflow.framework.program import GRAD_SUFFIX, OpDesc
 from nestflow.ops.gemm import matmul_tn_blocks
 from nestflow.ops.ifelse import scope_array
-from nestflow.ops.registry import get_op_def
+from nestflow.ops.registry import get_op_def, place_args
 
 _PARAMETER_PRODUCTS = ("matmul_grad", "mul_grad")
 _PER_PRODUCT = ("deferred_grads", "deferred_types", "deferred_xs", "deferred_douts")
@@ -118,8 +120,9 @@ class DeferredProduct:
             k = y.shape[0]
         else:  # batched or vector matmuls: each step's own gradient, summed
             kernel = get_op_def("matmul").backward
+            on_place = place_args(kernel, device_context(place_of(y)))
             dys = [
-                kernel(x, y, None, g, False, False, 1.0, needs=(False, True))[1]
+                kernel(x, y, None, g, False, False, 1.0, needs=(False, True), **on_place)[1]
                 for x, g in zip(xs, gs)
             ]
             return sum(dys[1:], dys[0])

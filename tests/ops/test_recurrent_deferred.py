@@ -120,3 +120,22 @@ def test_deferred_gradients_survive_program_round_trip_and_pruning(rng):
         got = exe.run(program, feed=feed, fetch_list=names, scope=scope)
         for name, value, expected in zip(names, got, want):
             np.testing.assert_allclose(value, expected, rtol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("kind, y_shape, col_dims", [("mul", (6, 5), 1), ("matmul", (6, 5), 1)])
+def test_deferred_products_sum_on_the_steps_place(kind, y_shape, col_dims):
+    """finish() multiplies the steps' device arrays on their place (the stand-in here), equal
+    to the host's sum of the steps' X^T @ dOut."""
+    from nestflow.core import standin
+    from nestflow.ops.step_products import DeferredProduct
+
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((rows, 6)) for rows in (3, 200, 0, 7)]
+    gs = [rng.standard_normal((rows, 5)) for rows in (3, 200, 0, 7)]
+    product = DeferredProduct(kind, "x", "g", col_dims)
+    product.xs = [standin.xp.asarray(x) for x in xs]
+    product.gs = [standin.xp.asarray(g) for g in gs]
+    got = product.finish(standin.xp.zeros(y_shape))
+    assert type(got) is standin.StandInArray
+    want = sum(x.T @ g for x, g in zip(xs, gs))
+    np.testing.assert_allclose(got.get(), want, rtol=1e-12, atol=1e-12)
