@@ -3,8 +3,6 @@ step's parent beams (Fluid 1.7's gather_tree op; used by BeamSearchDecoder.final
 
 from __future__ import annotations
 
-import numpy as np
-
 from nestflow.errors import DTypeError, ShapeError
 from nestflow.ops.indexing import check_index_range
 from nestflow.ops.registry import VarInfo, register_op
@@ -35,16 +33,18 @@ class gather_tree:
             )
         return Ids
 
-    def forward(Ids, Parents):
+    def forward(Ids, Parents, xp, device):
         if Ids.shape != Parents.shape:
             raise ShapeError(
                 f"Ids {list(Ids.shape)} and Parents {list(Parents.shape)} must have one shape"
             )
         steps, batch, beam = Ids.shape
-        check_index_range(Parents, beam, "gather_tree: Parents")
-        out = np.empty_like(Ids)
-        rows = np.arange(batch)[:, None]
-        beams = np.broadcast_to(np.arange(beam, dtype=Parents.dtype), (batch, beam))
+        # One host read the op needs: CuPy wraps an out-of-range parent where nestflow raises.
+        if bool(((Parents < 0) | (Parents >= beam)).any()):
+            check_index_range(device.to_host(Parents), beam, "gather_tree: Parents")
+        out = xp.empty_like(Ids)
+        rows = xp.arange(batch)[:, None]
+        beams = xp.broadcast_to(xp.arange(beam, dtype=Parents.dtype), (batch, beam))
         for t in range(steps - 1, -1, -1):
             out[t] = Ids[t, rows, beams]
             beams = Parents[t, rows, beams]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import nestflow as nf
+from nestflow.core.place import StandInPlace
 from nestflow.errors import DTypeError, ExecutionError, ShapeError
 from tests.ops.harness import OpCase, case_id
 
@@ -83,5 +84,6 @@ def test_bad_inputs_are_errors():
         append(L.data("p4", [4, 6], "int64"), ids=L.data("ids2", [4, 6], "int64"))
     append(L.data("p5", [4, 2, 3], "int64"))
     feed = {"ids": np.zeros((4, 2, 3), np.int64), "p5": np.full((4, 2, 3), 3, np.int64)}
-    with pytest.raises(ExecutionError, match=r"Parents: index 3 at position \[0, 0, 0\]"):
-        nf.Executor().run(feed=feed, fetch_list=[out])
+    for place in (nf.CPUPlace(), StandInPlace(0)):  # a device wraps bad indices: checked
+        with pytest.raises(ExecutionError, match=r"Parents: index 3 at position \[0, 0, 0\]"):
+            nf.Executor(place).run(feed=feed, fetch_list=[out])
