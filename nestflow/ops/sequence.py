@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nestflow.core.device_context import array_module
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
 from nestflow.ops.registry import VarInfo, register_op
@@ -44,9 +45,10 @@ def valid_lengths(Length: np.ndarray | None, X: np.ndarray, op: str) -> np.ndarr
     """Length as an int64 [N] array checked against the padded X [N, T, ...] (every row T
     steps when Length is None); ExecutionError naming the first bad row otherwise."""
     batch, steps = X.shape[0], X.shape[1]
+    xp = array_module(X)
     if Length is None:
-        return np.full(batch, steps, np.int64)
-    lengths = np.asarray(Length)
+        return xp.full(batch, steps, np.int64)
+    lengths = Length
     if lengths.dtype.kind not in "iu":
         raise ExecutionError(f"{op}: Length must hold integers, got {lengths.dtype}")
     if lengths.shape != (batch,):
@@ -54,8 +56,10 @@ def valid_lengths(Length: np.ndarray | None, X: np.ndarray, op: str) -> np.ndarr
             f"{op}: Length has shape {list(lengths.shape)} but X {list(X.shape)} has {batch} "
             f"rows: give one length per row"
         )
-    bad = np.flatnonzero((lengths < 0) | (lengths > steps))
-    if bad.size:
+    outside = (lengths < 0) | (lengths > steps)
+    # A host read the op needs: a bad length is an error, not a silently clipped row.
+    if bool(outside.any()):
+        bad = xp.flatnonzero(outside)
         row = int(bad[0])
         raise ExecutionError(
             f"{op}: Length[{row}] = {int(lengths[row])} is outside [0, {steps}] (X "
@@ -66,14 +70,15 @@ def valid_lengths(Length: np.ndarray | None, X: np.ndarray, op: str) -> np.ndarr
 
 def step_mask(lengths: np.ndarray, steps: int, ndim: int) -> np.ndarray:
     """bool [N, T, 1, ...] (rank `ndim`): True at the valid steps of each row."""
-    mask = np.arange(steps) < lengths[:, None]
+    mask = array_module(lengths).arange(steps) < lengths[:, None]
     return mask.reshape(mask.shape + (1,) * (ndim - 2))
 
 
 def _at_step(X: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """X[n, steps[n]] for every row n (steps clipped into range; callers mask empty rows)."""
-    index = np.clip(steps, 0, max(X.shape[1] - 1, 0)).reshape((-1, 1) + (1,) * (X.ndim - 2))
-    return np.take_along_axis(X, index, axis=1)[:, 0]
+    xp = array_module(X)
+    index = xp.clip(steps, 0, max(X.shape[1] - 1, 0)).reshape((-1, 1) + (1,) * (X.ndim - 2))
+    return xp.take_along_axis(X, index, axis=1)[:, 0]
 
 
 @register_op
@@ -97,54 +102,56 @@ class sequence_pool:
         shape = (X.shape[0], *X.shape[2:])
         return VarInfo(shape, X.dtype), VarInfo(shape, "int32")
 
-    def forward(X, Length, pooltype, is_test, pad_value):
+    def forward(X, Length, pooltype, is_test, pad_value, xp):
         lengths = valid_lengths(Length, X, "sequence_pool")
         empty = (lengths == 0).reshape((-1,) + (1,) * (X.ndim - 2))
         index = None
         if pooltype in ("SUM", "AVERAGE", "SQRT"):
-            out = np.where(step_mask(lengths, X.shape[1], X.ndim), X, 0).sum(axis=1)
+            out = xp.where(step_mask(lengths, X.shape[1], X.ndim), X, 0).sum(axis=1)
             if pooltype != "SUM":
-                count = np.maximum(lengths, 1).astype(X.dtype)
-                count = count if pooltype == "AVERAGE" else np.sqrt(count)
+                count = xp.maximum(lengths, 1).astype(X.dtype)
+                count = count if pooltype == "AVERAGE" else xp.sqrt(count)
                 out /= count.reshape(empty.shape)
         elif pooltype == "MAX":
-            lowest = np.asarray(-np.inf, X.dtype)
-            masked = np.where(step_mask(lengths, X.shape[1], X.ndim), X, lowest)
+            lowest = xp.asarray(-np.inf, X.dtype)
+            masked = xp.where(step_mask(lengths, X.shape[1], X.ndim), X, lowest)
             pooled_shape = (X.shape[0], *X.shape[2:])
-            index = masked.argmax(axis=1) if X.shape[1] else np.zeros(pooled_shape, np.int64)
+            index = masked.argmax(axis=1) if X.shape[1] else xp.zeros(pooled_shape, np.int64)
             if X.shape[1]:
-                out = np.take_along_axis(X, index[:, None], axis=1)[:, 0]
+                out = xp.take_along_axis(X, index[:, None], axis=1)[:, 0]
             else:
-                out = np.zeros(index.shape, X.dtype)
-            index = np.where(empty, -1, index).astype(np.int32)
+                out = xp.zeros(index.shape, X.dtype)
+            index = xp.where(empty, -1, index).astype(np.int32)
         else:
-            out = _at_step(X, lengths - 1 if pooltype == "LAST" else np.zeros_like(lengths))
-        out = np.where(empty, np.asarray(pad_value, X.dtype), out).astype(X.dtype, copy=False)
+            out = _at_step(X, lengths - 1 if pooltype == "LAST" else xp.zeros_like(lengths))
+        out = xp.where(empty, xp.asarray(pad_value, X.dtype), out).astype(X.dtype, copy=False)
         if index is None:
-            index = np.zeros(out.shape, np.int32)
+            index = xp.zeros(out.shape, np.int32)
         return out, index
 
-    def backward(X, Length, Out, MaxIndex, Out_grad, MaxIndex_grad, pooltype, is_test, pad_value):
+    def backward(
+        X, Length, Out, MaxIndex, Out_grad, MaxIndex_grad, pooltype, is_test, pad_value, xp
+    ):
         lengths = valid_lengths(Length, X, "sequence_pool")
         batch, steps = X.shape[:2]
         row = (-1,) + (1,) * (X.ndim - 2)
-        grad = np.where((lengths == 0).reshape(row), np.zeros((), Out_grad.dtype), Out_grad)
+        grad = xp.where((lengths == 0).reshape(row), xp.zeros((), Out_grad.dtype), Out_grad)
         if pooltype in ("SUM", "AVERAGE", "SQRT"):
             if pooltype != "SUM":
-                count = np.maximum(lengths, 1).astype(X.dtype)
-                grad = grad / (count if pooltype == "AVERAGE" else np.sqrt(count)).reshape(row)
+                count = xp.maximum(lengths, 1).astype(X.dtype)
+                grad = grad / (count if pooltype == "AVERAGE" else xp.sqrt(count)).reshape(row)
             mask = step_mask(lengths, steps, X.ndim)
-            return (np.where(mask, grad[:, None], np.zeros((), grad.dtype)).astype(X.dtype),)
+            return (xp.where(mask, grad[:, None], xp.zeros((), grad.dtype)).astype(X.dtype),)
         if pooltype == "MAX":
             if MaxIndex is None:  # the op was built without its MaxIndex output
-                MaxIndex = sequence_pool.forward(X, Length, pooltype, is_test, pad_value)[1]
-            at = np.maximum(MaxIndex.astype(np.int64), 0)
+                MaxIndex = sequence_pool.forward(X, Length, pooltype, is_test, pad_value, xp)[1]
+            at = xp.maximum(MaxIndex.astype(np.int64), 0)
         else:
-            at = np.maximum(lengths - 1, 0) if pooltype == "LAST" else np.zeros(batch, np.int64)
-            at = np.broadcast_to(at.reshape(row), grad.shape)
-        dx = np.zeros(X.shape, X.dtype)
+            at = xp.maximum(lengths - 1, 0) if pooltype == "LAST" else xp.zeros(batch, np.int64)
+            at = xp.broadcast_to(at.reshape(row), grad.shape)
+        dx = xp.zeros(X.shape, X.dtype)
         if steps:
-            np.put_along_axis(dx, at[:, None], grad[:, None], axis=1)
+            xp.put_along_axis(dx, at[:, None], grad[:, None], axis=1)
         return (dx,)
 
 
@@ -164,9 +171,10 @@ class sequence_mask:
         width = -1 if MaxLenTensor is not None or maxlen < 0 else maxlen
         return VarInfo((*X.shape, width), out_dtype)
 
-    def forward(X, MaxLenTensor, maxlen, out_dtype):
+    def forward(X, MaxLenTensor, maxlen, out_dtype, xp):
+        # Host reads the op needs: maxlen (MaxLenTensor's value or X's largest) is Y's last dim.
         if MaxLenTensor is not None:
-            size = np.asarray(MaxLenTensor).reshape(-1)
+            size = MaxLenTensor.reshape(-1)
             if size.size != 1:
                 raise ExecutionError(
                     f"sequence_mask: MaxLenTensor must hold one value, got {list(size.shape)}"
@@ -176,7 +184,7 @@ class sequence_mask:
                 raise ExecutionError(f"sequence_mask: MaxLenTensor is {maxlen}, below 0")
         elif maxlen < 0:
             maxlen = int(X.max()) if X.size else 0
-        return (np.arange(maxlen) < np.asarray(X)[..., None]).astype(out_dtype)
+        return (xp.arange(maxlen) < X[..., None]).astype(out_dtype)
 
 
 @register_op
@@ -192,23 +200,24 @@ class sequence_reverse:
         _check_length_info(X, Length, "sequence_reverse")
         return VarInfo(X.shape, X.dtype)
 
-    def forward(X, Length):
+    def forward(X, Length, xp):
         if Length is None:
             return X[:, ::-1].copy()
-        return np.take_along_axis(X, _reversed_steps(X, Length), axis=1)
+        return xp.take_along_axis(X, _reversed_steps(X, Length), axis=1)
 
-    def backward(X, Length, Y, Y_grad):
+    def backward(X, Length, Y, Y_grad, xp):
         # The permutation is its own inverse: the gradient is reversed the same way.
         if Length is None:
             return (Y_grad[:, ::-1].copy(),)
-        return (np.take_along_axis(Y_grad, _reversed_steps(X, Length), axis=1),)
+        return (xp.take_along_axis(Y_grad, _reversed_steps(X, Length), axis=1),)
 
 
 def _reversed_steps(X: np.ndarray, Length: np.ndarray) -> np.ndarray:
     """[N, T, 1, ...] source step of each output step: Length[n] - 1 - t inside a row, t in its
     padding."""
     lengths = valid_lengths(Length, X, "sequence_reverse")
-    steps = np.arange(X.shape[1])
+    xp = array_module(X)
+    steps = xp.arange(X.shape[1])
     flipped = lengths[:, None] - 1 - steps
-    index = np.where(flipped >= 0, flipped, steps)
+    index = xp.where(flipped >= 0, flipped, steps)
     return index.reshape(index.shape + (1,) * (X.ndim - 2))
