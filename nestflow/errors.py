@@ -106,7 +106,8 @@ class ExecutionError(NestflowError, RuntimeError):
 
 
 class NanInfError(ExecutionError):
-    """An op produced NaN or Inf while check_nan_inf was on."""
+    """A NaN or Inf where none may be: an op's output or a feed while check_nan_inf is on, or
+    the loss of a `Model.fit` step (its NaN guard)."""
 
 
 class ControlFlowError(NestflowError, ValueError):

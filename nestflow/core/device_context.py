@@ -23,7 +23,16 @@ from nestflow.errors import PlaceError
 
 class DeviceContext:
     """What runs on `place`: its array module `xp`, transfers to and from the host, and the
-    few operations whose kernels differ between places."""
+    few operations whose kernels differ between places.
+
+    >>> ctx = nf.device_context(nf.CPUPlace())
+    >>> isinstance(ctx, nf.DeviceContext), ctx.to_device([1, 2]).tolist()
+    (True, [1, 2])
+    >>> target = np.zeros(3)
+    >>> ctx.scatter_add(target, np.array([0, 2, 0]), np.ones(3))
+    >>> target.tolist()
+    [2.0, 0.0, 1.0]
+    """
 
     def __init__(self, place: Place, xp: ModuleType):
         self.place = place

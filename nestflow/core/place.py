@@ -173,7 +173,13 @@ def set_default_place(place: Place) -> None:
 
 
 def default_place() -> Place:
-    """The place an `Executor()` given no place runs on (CPUPlace() unless set)."""
+    """The place an `Executor()` given no place runs on (CPUPlace() unless set).
+
+    >>> nf.default_place()
+    CPUPlace()
+    >>> nf.Executor().place == nf.default_place()
+    True
+    """
     return _default[0]
 
 

@@ -275,10 +275,26 @@ def test_a_random_op_does_not_export(tmp_path):
 
 
 def test_training_ops_do_not_export(tmp_path):
-    """Fetching a parameter that the optimizer updates pulls in the backward pass."""
+    """Exporting from a training program exports its inference part: clone(for_test=True)
+    drops the backward and optimizer ops (as Fluid's save_inference_model), so a parameter the
+    optimizer updates is exported as its value; a gradient op not marked as training (built
+    by hand) is still refused."""
     main, startup, _, loss = _mlp_program()
     scope = nf.Scope()
     nf.Executor().run(startup, scope=scope)
+    path = str(tmp_path / "weights.onnx")
+    nf.onnx.export(main, path, ["x", "label"], ["hidden.w"], scope)
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    dtypes = {"tensor(float)": "float32", "tensor(int64)": "int64"}
+    feed = {
+        i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], dtypes[i.type])
+        for i in session.get_inputs()
+    }
+    (weights,) = session.run(None, feed)
+    np.testing.assert_array_equal(weights, scope.find_var("hidden.w").get(nf.Tensor).numpy())
+    for op in main.global_block().ops:
+        op.attrs["op_role"] = 0  # as if the gradient ops had been appended by hand
     with pytest.raises(UnknownOpError, match="_grad' cannot be exported.*training"):
         nf.onnx.export(main, str(tmp_path / "unused.onnx"), ["x", "label"], ["hidden.w"], scope)
 
