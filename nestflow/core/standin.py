@@ -293,7 +293,7 @@ class _Ufunc:
         self.nin, self.nout = ufunc.nin, ufunc.nout
 
     def __call__(self, *args, **kwargs):
-        if "out" in kwargs:
+        if kwargs.get("out") is not None:  # out=None: a new array, returned as CuPy does
             out = kwargs["out"]
             kwargs["out"] = tuple(_unwrap(o) for o in out) if type(out) is tuple else _unwrap(out)
             self._ufunc(*_unwrap(args), **kwargs)
