@@ -9,6 +9,12 @@ world has one rank and every collective op is the identity: the same program run
 process mpiexec started as one of several ranks that runs a collective op before init() gets an
 UninitializedError rather than training alone unnoticed.
 
+On a device place (CuPy, the stand-in) the kernels stage through the host: MPI reads host
+memory, so a device X is copied to the host before the MPI call and the result copied back
+(`_on_host`, `_on_place`; a CUDA-aware MPI could take device buffers, not done here). On
+CPUPlace the kernels run on the NumPy arrays themselves, no copy added; alone (one rank) every
+op is the identity on any place.
+
 Fluid 1.8's ops, with its slots and attrs:
 - c_allreduce_sum / c_allreduce_max / c_allreduce_min / c_allreduce_prod (X -> Out; ring_id,
   use_calc_stream): Out = the elementwise reduction of X over every rank.
@@ -44,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.core.device_context import DeviceContext
 from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError, UninitializedError
 from nestflow.framework.program import OpDesc
 from nestflow.ops.registry import GradContext, GradOpSpec, Required, VarInfo, register_op
@@ -549,6 +556,17 @@ class ScaledGradients:
             offset += size
 
 
+def _on_host(array: Any, device: DeviceContext) -> np.ndarray:
+    """`array` where MPI can read it: a device array copied to the host (the staging the
+    c_* ops document), a host one as it is."""
+    return array if device.xp is np else device.to_host(array)
+
+
+def _on_place(array: np.ndarray, device: DeviceContext) -> Any:
+    """A host result on the op's place (copied back to a device; as it is on the CPU)."""
+    return array if device.xp is np else device.to_device(array)
+
+
 def _as_bytes(array: np.ndarray) -> np.ndarray:
     """A contiguous array's memory as uint8 (broadcasts and gathers move bytes, so every dtype
     works, float16 and bool included)."""
@@ -589,26 +607,27 @@ def _wire_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype == np.float16 else dtype
 
 
-def _all_reduced(X: np.ndarray, kind: str) -> np.ndarray:
+def _all_reduced(X: Any, kind: str, device: DeviceContext) -> Any:
     world = WORLD.checked()
     if world.size == 1:
         return X
-    buffer = np.array(X, dtype=_wire_dtype(X.dtype), order="C")
+    buffer = np.array(_on_host(X, device), dtype=_wire_dtype(X.dtype), order="C")
     world.allreduce(buffer, kind)
-    return buffer.astype(X.dtype, copy=False)
+    return _on_place(buffer.astype(X.dtype, copy=False), device)
 
 
 @register_op
 class c_allreduce_sum:
     """Out = the sum of X over every rank (the same on every rank). Its gradient is the
-    all-reduce sum of Out's gradient (every rank's Out depends on every rank's X)."""
+    all-reduce sum of Out's gradient (every rank's Out depends on every rank's X). A device
+    X is staged through the host (MPI reads host memory), as in every c_* op."""
 
     inputs, outputs = ("X",), ("Out",)
     attrs = dict(_STREAM_ATTRS)
     infer = _infer_reduced
 
-    def forward(X, ring_id, use_calc_stream):
-        return _all_reduced(X, "sum")
+    def forward(X, ring_id, use_calc_stream, device):
+        return _all_reduced(X, "sum", device)
 
     def grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
         out_grad = ctx.grad_of(op.output("Out")[0])
@@ -626,8 +645,8 @@ class c_allreduce_max:
     attrs = dict(_STREAM_ATTRS)
     infer = _infer_reduced
 
-    def forward(X, ring_id, use_calc_stream):
-        return _all_reduced(X, "max")
+    def forward(X, ring_id, use_calc_stream, device):
+        return _all_reduced(X, "max", device)
 
 
 @register_op
@@ -638,8 +657,8 @@ class c_allreduce_min:
     attrs = dict(_STREAM_ATTRS)
     infer = _infer_reduced
 
-    def forward(X, ring_id, use_calc_stream):
-        return _all_reduced(X, "min")
+    def forward(X, ring_id, use_calc_stream, device):
+        return _all_reduced(X, "min", device)
 
 
 @register_op
@@ -650,15 +669,15 @@ class c_allreduce_prod:
     attrs = dict(_STREAM_ATTRS)
     infer = _infer_reduced
 
-    def forward(X, ring_id, use_calc_stream):
-        return _all_reduced(X, "prod")
+    def forward(X, ring_id, use_calc_stream, device):
+        return _all_reduced(X, "prod", device)
 
 
 @register_op
 class c_broadcast:
     """Out = X of rank `root` on every rank (X must have the same shape and dtype on every
     rank; other ranks' values are ignored). The startup program of a data-parallel program
-    broadcasts every parameter from rank 0 with it."""
+    broadcasts every parameter from rank 0 with it. Staged through the host on a device."""
 
     inputs, outputs = ("X",), ("Out",)
     attrs = {"ring_id": 0, "root": 0, "use_calc_stream": False}
@@ -669,21 +688,25 @@ class c_broadcast:
             raise AttrError(f"root must be a rank >= 0, got {root}")
         return X
 
-    def forward(X, ring_id, root, use_calc_stream):
+    def forward(X, ring_id, root, use_calc_stream, device):
         world = WORLD.checked()
         if world.size == 1:
             return X
         if root >= world.size:
             raise AttrError(f"root {root} is not a rank of this world of {world.size}")
-        buffer = np.array(X, order="C") if world.rank == root else np.empty(X.shape, X.dtype)
+        if world.rank == root:
+            buffer = np.array(_on_host(X, device), order="C")
+        else:
+            buffer = np.empty(X.shape, X.dtype)
         world.bcast(buffer, root)
-        return buffer
+        return _on_place(buffer, device)
 
 
 @register_op
 class c_allgather:
     """Out = the ranks' X concatenated on dim 0 in rank order ([nranks * N, ...]); X must have
-    the same shape on every rank and `nranks` must be the world's size."""
+    the same shape on every rank and `nranks` must be the world's size. Staged through the
+    host on a device."""
 
     inputs, outputs = ("X",), ("Out",)
     attrs = {"nranks": Required(int), "ring_id": 0, "use_calc_stream": False}
@@ -697,16 +720,16 @@ class c_allgather:
         first = X.shape[0] * nranks if X.shape[0] >= 0 else -1
         return VarInfo((first, *X.shape[1:]), X.dtype)
 
-    def forward(X, nranks, ring_id, use_calc_stream):
+    def forward(X, nranks, ring_id, use_calc_stream, device):
         world = WORLD.checked()
         if nranks != world.size:
             raise AttrError(f"nranks is {nranks} but the world has {world.size} rank(s)")
         if world.size == 1:
             return X
-        send = np.ascontiguousarray(X)
+        send = np.ascontiguousarray(_on_host(X, device))
         receive = np.empty((world.size, *X.shape), X.dtype)
         world.allgather(send, receive)
-        return receive.reshape((world.size * X.shape[0], *X.shape[1:]))
+        return _on_place(receive.reshape((world.size * X.shape[0], *X.shape[1:])), device)
 
 
 @register_op
@@ -762,25 +785,28 @@ class PendingAverage:
     the wire dtype, divided by the number of ranks (so that the sum is the mean), or when
     weighted times the rank's weight and followed by the weight itself (in a shared-memory
     window, all but the rank's own share: see BucketWindow); `request` is the MPI request of
-    their sum, or a SharedSum when the ranks sum in a shared-memory window."""
+    their sum, or a SharedSum when the ranks sum in a shared-memory window. `device`: the
+    DeviceContext of the program's place, where the averages go (from the host buffer)."""
 
-    __slots__ = ("world", "buffer", "request", "shapes", "dtype", "weighted")
+    __slots__ = ("world", "buffer", "request", "shapes", "dtype", "weighted", "device")
 
-    def __init__(self, world, buffer, request, shapes, dtype, weighted):
+    def __init__(self, world, buffer, request, shapes, dtype, weighted, device):
         self.world = world
         self.buffer = buffer
         self.request = request
         self.shapes = shapes
         self.dtype = dtype
         self.weighted = weighted
+        self.device = device
 
     def __repr__(self) -> str:
         state = "local" if self.request is None else "in flight"
         return f"PendingAverage({len(self.shapes)} tensors, {state})"
 
-    def wait(self, X: list[np.ndarray | None]) -> list[np.ndarray]:
+    def wait(self, X: list[Any]) -> list[Any]:
         if self.request is None:  # alone: the average over one rank is X itself
-            return [x if x is not None else np.zeros(s, self.dtype) for x, s in zip(X, self.shapes)]
+            zeros = self.device.xp.zeros
+            return [x if x is not None else zeros(s, self.dtype) for x, s in zip(X, self.shapes)]
         if isinstance(self.request, SharedSum):  # averaged in shared memory already
             values = self.world.finish_shared(self.request, self.weighted)
             values = (values[:-1] if self.weighted else values).view()
@@ -797,12 +823,14 @@ class PendingAverage:
             values = buffer
         return self._views(values)
 
-    def _views(self, values: np.ndarray) -> list[np.ndarray]:
+    def _views(self, values: np.ndarray) -> list[Any]:
         out, offset = [], 0
         for shape in self.shapes:
             size = int(np.prod(shape, dtype=np.int64))
             out.append(values[offset : offset + size].reshape(shape).astype(self.dtype, copy=False))
             offset += size
+        if self.device.xp is not np:  # the host buffer's averages, copied to the device
+            out = [self.device.to_device(o) for o in out]
         return out
 
 
@@ -835,7 +863,10 @@ class c_allreduce_start:
     computed in this run (None) contributes zeros of its parameter's shape, so every rank sends
     the same buffer. Weight (optional, one number, e.g. the rank's batch size): each rank's X is
     multiplied by its Weight and the weights are summed with them, so the wait gives
-    sum(w_r * X_r) / sum(w_r); without it the plain mean over the ranks."""
+    sum(w_r * X_r) / sum(w_r); without it the plain mean over the ranks.
+
+    On a device place the gradients (and Weight) are copied to the host bucket (MPI reads host
+    memory) and c_allreduce_wait copies the averages back; alone, nothing moves."""
 
     inputs, outputs = ("X*", "Param*", "Weight?"), ("Out",)
     attrs = {"ring_id": 0}
@@ -865,15 +896,15 @@ class c_allreduce_start:
             var = op.block.find_var(name) or op.block.create_var(name, type="raw")
             var.type = "raw"
 
-    def forward(X, Param, Weight, ring_id):
-        return _start_average(X, Param, Weight)
+    def forward(X, Param, Weight, ring_id, device):
+        return _start_average(X, Param, Weight, device)
 
 
 def _differ(a, b) -> bool:
     return len(a) != len(b) or any(x != y and x >= 0 and y >= 0 for x, y in zip(a, b))
 
 
-def _start_average(X, Param, Weight) -> PendingAverage:
+def _start_average(X, Param, Weight, device: DeviceContext) -> PendingAverage:
     world = WORLD.checked()
     shapes = []
     for i, x in enumerate(X):
@@ -887,10 +918,12 @@ def _start_average(X, Param, Weight) -> PendingAverage:
             )
     dtype = next((x.dtype for x in X if x is not None), None) or Param[0].dtype
     if world.size == 1:
-        return PendingAverage(world, None, None, shapes, dtype, Weight is not None)
+        return PendingAverage(world, None, None, shapes, dtype, Weight is not None, device)
+    if device.xp is not np:  # staged: the bucket MPI sums is host memory
+        X = [None if x is None else device.to_host(x) for x in X]
     weight = None
     if Weight is not None:
-        values = np.asarray(Weight).reshape(-1)
+        values = np.asarray(_on_host(Weight, device)).reshape(-1)
         if values.size != 1:
             raise ShapeError(f"Weight must hold one number, got {values.size}")
         weight = float(values[0])
@@ -911,14 +944,15 @@ def _start_average(X, Param, Weight) -> PendingAverage:
         scaled.write(buffer, 0, window.low)
         scaled.write(buffer[window.high :], window.high, scaled.numel)
         request = world.start_shared(window, scaled)
-    return PendingAverage(world, buffer, request, shapes, dtype, weight is not None)
+    return PendingAverage(world, buffer, request, shapes, dtype, weight is not None, device)
 
 
 @register_op
 class c_allreduce_wait:
     """Out[i] = X[i] averaged over the ranks, once the sum c_allreduce_start started (Request,
     its handle) is done. Out usually names the same variables as X (the gradients are replaced
-    by their averages before the optimizer reads them)."""
+    by their averages before the optimizer reads them). On a device place the averages are
+    copied from the host bucket to the device."""
 
     inputs, outputs = ("Request", "X*"), ("Out*",)
     attrs = {"ring_id": 0}
@@ -954,7 +988,8 @@ class c_check_layout:
     `layout` equals rank 0's: a text naming what the program synchronises (the broadcast
     variables with their dtypes and shapes, the gradient buckets). Ranks with different
     programs would otherwise mismatch their broadcasts and all-reduces (wrong sizes or a
-    hang); instead every rank raises ProgramMismatchError naming the first differences."""
+    hang); instead every rank raises ProgramMismatchError naming the first differences. The
+    digest is made and compared on the host, then put on the op's place."""
 
     outputs = ("Out",)
     attrs = {"layout": Required(str), "ring_id": 0}
@@ -963,18 +998,18 @@ class c_check_layout:
         check_ring(ring_id)
         return VarInfo((32,), "uint8")
 
-    def forward(layout, ring_id):
+    def forward(layout, ring_id, device):
         digest = np.frombuffer(hashlib.sha256(layout.encode("utf-8")).digest(), np.uint8).copy()
         world = WORLD.checked()
         if world.size == 1:
-            return digest
+            return _on_place(digest, device)
         every = np.empty((world.size, digest.size), np.uint8)
         world.allgather(digest, every)
         differ = [r for r in range(world.size) if not np.array_equal(every[r], every[0])]
         if differ:
             layouts = world.allgather_text(layout)
             raise ProgramMismatchError(_mismatch_message(layouts, differ, world.rank))
-        return digest
+        return _on_place(digest, device)
 
 
 def _mismatch_message(layouts: list[str], differ: list[int], rank: int) -> str:

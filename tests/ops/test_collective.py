@@ -8,9 +8,13 @@ import numpy as np
 import pytest
 
 import nestflow as nf
+from nestflow.core.place import StandInPlace
 from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
 from nestflow.ops import collective
 from tests.ops.harness import OpCase, case_id
+
+# the place the averaging helpers run on when called by hand (the kernels get theirs)
+CPU = nf.device_context(nf.CPUPlace())
 
 rng = np.random.default_rng(15)
 SHAPES = [(3, 4), (1,), (2, 1, 5), (0, 3)]
@@ -95,12 +99,12 @@ def test_start_and_wait_give_back_the_gradients_on_one_rank(weighted):
 
 def test_a_gradient_not_computed_contributes_zeros_of_its_parameters_shape():
     param = np.ones((2, 3))
-    pending = collective._start_average([None, np.ones(4)], [param, np.ones(4)], None)
+    pending = collective._start_average([None, np.ones(4)], [param, np.ones(4)], None, CPU)
     out = pending.wait([None, np.ones(4)])
     np.testing.assert_array_equal(out[0], np.zeros((2, 3)))
     np.testing.assert_array_equal(out[1], np.ones(4))
     with pytest.raises(ExecutionError, match="not computed and no Param"):
-        collective._start_average([None], [], None)
+        collective._start_average([None], [], None, CPU)
 
 
 def test_the_check_of_layouts_gives_the_digest_on_one_rank():
@@ -189,12 +193,17 @@ class _TwoRanks:
     def wait(self, request):
         assert request == "request"
 
+    def allreduce(self, buffer, kind):
+        assert kind == "sum"
+        self.sent.append(buffer.copy())
+        buffer += self.other
+
 
 def _average(monkeypatch, X, other, weight=None):
     world = _TwoRanks(np.asarray(other))
     monkeypatch.setattr(collective, "WORLD", world)
     params = [np.zeros_like(x) if x is not None else np.zeros(3) for x in X]
-    pending = collective._start_average(X, params, weight)
+    pending = collective._start_average(X, params, weight, CPU)
     return pending.wait(X), world.sent[0]
 
 
@@ -239,6 +248,26 @@ def test_a_missing_gradient_sends_zeros_so_the_ranks_agree(monkeypatch):
     (g,), sent = _average(monkeypatch, [None], c / 2)
     np.testing.assert_array_equal(sent, np.zeros(3))
     np.testing.assert_allclose(g, c / 2, rtol=1e-15)
+
+
+def test_on_a_device_the_ops_stage_through_the_host(monkeypatch):
+    """MPI reads host memory: a device's gradients go to the host bucket and the averages come
+    back as device arrays, equal to CPUPlace's."""
+    device = nf.device_context(StandInPlace(0))
+    on = device.to_device
+    a, c, weight = rng.normal(size=5), rng.normal(size=5), np.array([3], np.int32)
+    other = np.concatenate([c, [1.0]])
+    (want,), sent = _average(monkeypatch, [a], other, weight)
+    world = _TwoRanks(other)
+    monkeypatch.setattr(collective, "WORLD", world)
+    (got,) = collective._start_average([on(a)], [on(a)], on(weight), device).wait([on(a)])
+    assert device.owns(got)
+    np.testing.assert_array_equal(world.sent[0], sent)
+    np.testing.assert_array_equal(device.to_host(got), want)
+    world.other = c
+    summed = collective._all_reduced(on(a), "sum", device)
+    assert device.owns(summed)
+    np.testing.assert_array_equal(device.to_host(summed), a + c)
 
 
 def _address(array: np.ndarray) -> int:
@@ -287,14 +316,14 @@ def test_averaged_gradients_still_held_are_not_overwritten_by_the_next_step(monk
     world = _TwoRanks(np.zeros(3))
     monkeypatch.setattr(collective, "WORLD", world)
     a, b = rng.normal(size=3), rng.normal(size=3)
-    (held,) = collective._start_average([a], [a], None).wait([a])
+    (held,) = collective._start_average([a], [a], None, CPU).wait([a])
     kept = held.copy()
-    (g,) = collective._start_average([b], [b], None).wait([b])
+    (g,) = collective._start_average([b], [b], None, CPU).wait([b])
     np.testing.assert_array_equal(held, kept)
     np.testing.assert_array_equal(g, b / 2)
     address = _address(g)
     del g
-    (g,) = collective._start_average([a], [a], None).wait([a])  # the freed buffer serves again
+    (g,) = collective._start_average([a], [a], None, CPU).wait([a])  # the freed buffer serves again
     assert _address(g) == address
     np.testing.assert_array_equal(g, a / 2)
 
@@ -348,7 +377,7 @@ class _NodeOfRanks:
 
             monkeypatch.setattr(collective, "WORLD", World())
             weight = None if weights is None else np.array([weights[rank]])
-            pendings.append(collective._start_average(X, params, weight))
+            pendings.append(collective._start_average(X, params, weight, CPU))
         packed = [send.copy() for send in self.sends]
         for pending in pendings:
             summed, lent = pending.request.window.sum_share(pending.request.own, pending.weighted)
