@@ -35,8 +35,8 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
             i + extra for i, d in enumerate(shape) if d == 1 and grad.shape[i + extra] != 1
         )
         grad = (grad.sum(axis=axes, keepdims=True) if axes else grad).reshape(shape)
-    # NumPy turns 0-d results into scalars; kernels must hand back arrays.
-    return np.asarray(grad)
+    # NumPy turns 0-d results into scalars; kernels must hand back arrays (CuPy's are).
+    return np.asarray(grad) if isinstance(grad, np.generic) else grad
 
 
 def _infer_binary(X: VarInfo, Y: VarInfo, axis: int) -> VarInfo:
@@ -50,15 +50,15 @@ def _infer_binary(X: VarInfo, Y: VarInfo, axis: int) -> VarInfo:
     return VarInfo(broadcast_shapes(X.shape, y_shape), X.dtype)
 
 
-def _ufunc_when_aligned(ufunc):
+def _ufunc_when_aligned(ufunc: str):
     """specialize() for a binary op: when Y already lines up with X's trailing dims and the
-    result is not 0-d (where ufuncs return NumPy scalars), the ufunc itself is the kernel."""
+    result is not 0-d (where ufuncs return NumPy scalars), the place's ufunc is the kernel."""
 
-    def specialize(X, Y, axis):
+    def specialize(X, Y, axis, xp):
         if X is None or Y is None or X.ndim == 0:
             return None
         if axis == -1 or axis + Y.ndim == X.ndim:
-            return ufunc
+            return getattr(xp, ufunc)
         return None
 
     return specialize
@@ -72,11 +72,11 @@ class elementwise_add:
     grad_no_need_buffer = ("X", "Y", "Out")
     attrs = {"axis": -1}
     infer = _infer_binary
-    specialize = _ufunc_when_aligned(np.add)
+    specialize = _ufunc_when_aligned("add")
     inplace = {"Out": "X"}
 
-    def forward(X, Y, axis):
-        return np.asarray(X + align_y(X.ndim, Y, axis))
+    def forward(X, Y, axis, xp):
+        return xp.asarray(X + align_y(X.ndim, Y, axis))
 
     def backward(X, Y, Out, Out_grad, axis):
         if X.shape == Y.shape == Out_grad.shape and X.ndim:  # no broadcasting (an RNN step)
@@ -93,11 +93,11 @@ class elementwise_sub:
     grad_no_need_buffer = ("X", "Y", "Out")
     attrs = {"axis": -1}
     infer = _infer_binary
-    specialize = _ufunc_when_aligned(np.subtract)
+    specialize = _ufunc_when_aligned("subtract")
     inplace = {"Out": "X"}
 
-    def forward(X, Y, axis):
-        return np.asarray(X - align_y(X.ndim, Y, axis))
+    def forward(X, Y, axis, xp):
+        return xp.asarray(X - align_y(X.ndim, Y, axis))
 
     def backward(X, Y, Out, Out_grad, axis):
         y_shape = align_y(X.ndim, Y, axis).shape
@@ -112,11 +112,11 @@ class elementwise_mul:
     grad_no_need_buffer = ("Out",)
     attrs = {"axis": -1}
     infer = _infer_binary
-    specialize = _ufunc_when_aligned(np.multiply)
+    specialize = _ufunc_when_aligned("multiply")
     inplace = {"Out": "X"}
 
-    def forward(X, Y, axis):
-        return np.asarray(X * align_y(X.ndim, Y, axis))
+    def forward(X, Y, axis, xp):
+        return xp.asarray(X * align_y(X.ndim, Y, axis))
 
     def backward(X, Y, Out, Out_grad, axis):
         y = align_y(X.ndim, Y, axis)
@@ -126,7 +126,7 @@ class elementwise_mul:
         )
 
 
-_divide_when_aligned = _ufunc_when_aligned(np.divide)
+_divide_when_aligned = _ufunc_when_aligned("divide")
 
 
 @register_op
@@ -139,16 +139,16 @@ class elementwise_div:
     infer = _infer_binary
     inplace = {"Out": "X"}
 
-    def specialize(X, Y, axis):
+    def specialize(X, Y, axis, xp):
         if X is not None and np.dtype(X.dtype).kind in "iu":
-            return None  # np.divide would give floats
-        return _divide_when_aligned(X, Y, axis)
+            return None  # divide would give floats
+        return _divide_when_aligned(X, Y, axis, xp)
 
-    def forward(X, Y, axis):
+    def forward(X, Y, axis, xp):
         y = align_y(X.ndim, Y, axis)
         if X.dtype.kind in "iu":
-            return np.asarray((X - np.fmod(X, y)) // y)
-        return np.asarray(X / y)
+            return xp.asarray((X - xp.fmod(X, y)) // y)
+        return xp.asarray(X / y)
 
     def backward(X, Y, Out, Out_grad, axis):
         y = align_y(X.ndim, Y, axis)
@@ -158,12 +158,12 @@ class elementwise_div:
         )
 
 
-def _routed(grad: np.ndarray, to_x: np.ndarray, x: np.ndarray, y: np.ndarray, Y: np.ndarray):
+def _routed(grad, to_x, x, y, Y, xp):
     """Out_grad sent to X where `to_x` holds and to Y (aligned as `y`) elsewhere, each summed
     back to its own shape."""
-    zero = np.zeros((), grad.dtype)
-    dx = unbroadcast(np.where(to_x, grad, zero), x.shape)
-    dy = unbroadcast(np.where(to_x, zero, grad), y.shape).reshape(Y.shape)
+    zero = xp.zeros((), grad.dtype)
+    dx = unbroadcast(xp.where(to_x, grad, zero), x.shape)
+    dy = unbroadcast(xp.where(to_x, zero, grad), y.shape).reshape(Y.shape)
     return dx, dy
 
 
@@ -176,15 +176,15 @@ class elementwise_max:
     grad_no_need_buffer = ("Out",)
     attrs = {"axis": -1}
     infer = _infer_binary
-    specialize = _ufunc_when_aligned(np.maximum)
+    specialize = _ufunc_when_aligned("maximum")
     inplace = {"Out": "X"}
 
-    def forward(X, Y, axis):
-        return np.asarray(np.maximum(X, align_y(X.ndim, Y, axis)))
+    def forward(X, Y, axis, xp):
+        return xp.asarray(xp.maximum(X, align_y(X.ndim, Y, axis)))
 
-    def backward(X, Y, Out, Out_grad, axis):
+    def backward(X, Y, Out, Out_grad, axis, xp):
         y = align_y(X.ndim, Y, axis)
-        return _routed(Out_grad, X > y, X, y, Y)
+        return _routed(Out_grad, X > y, X, y, Y, xp)
 
 
 @register_op
@@ -196,15 +196,15 @@ class elementwise_min:
     grad_no_need_buffer = ("Out",)
     attrs = {"axis": -1}
     infer = _infer_binary
-    specialize = _ufunc_when_aligned(np.minimum)
+    specialize = _ufunc_when_aligned("minimum")
     inplace = {"Out": "X"}
 
-    def forward(X, Y, axis):
-        return np.asarray(np.minimum(X, align_y(X.ndim, Y, axis)))
+    def forward(X, Y, axis, xp):
+        return xp.asarray(xp.minimum(X, align_y(X.ndim, Y, axis)))
 
-    def backward(X, Y, Out, Out_grad, axis):
+    def backward(X, Y, Out, Out_grad, axis, xp):
         y = align_y(X.ndim, Y, axis)
-        return _routed(Out_grad, X < y, X, y, Y)
+        return _routed(Out_grad, X < y, X, y, Y, xp)
 
 
 def _infer_numeric_binary(X: VarInfo, Y: VarInfo, axis: int) -> VarInfo:
@@ -221,20 +221,20 @@ class elementwise_pow:
     inputs, outputs = ("X", "Y"), ("Out",)
     attrs = {"axis": -1}
     infer = _infer_numeric_binary
-    specialize = _ufunc_when_aligned(np.power)
+    specialize = _ufunc_when_aligned("power")
     inplace = {"Out": "X"}
 
-    def forward(X, Y, axis):
-        return np.asarray(np.power(X, align_y(X.ndim, Y, axis)))
+    def forward(X, Y, axis, xp):
+        return xp.asarray(xp.power(X, align_y(X.ndim, Y, axis)))
 
-    def backward(X, Y, Out, Out_grad, axis, needs=(True, True)):
+    def backward(X, Y, Out, Out_grad, axis, xp, needs=(True, True)):
         y = align_y(X.ndim, Y, axis)
         dx = dy = None
         if needs[0]:
-            dx = unbroadcast(Out_grad * y * np.power(X, y - 1), X.shape)
+            dx = unbroadcast(Out_grad * y * xp.power(X, y - 1), X.shape)
         if needs[1]:
             with np.errstate(divide="ignore", invalid="ignore"):
-                dy = unbroadcast(Out_grad * np.log(X) * Out, y.shape).reshape(Y.shape)
+                dy = unbroadcast(Out_grad * xp.log(X) * Out, y.shape).reshape(Y.shape)
         return dx, dy
 
 
@@ -248,32 +248,32 @@ class scale:
     infer = same_as(0)
     inplace = {"Out": "X"}
 
-    def specialize(X, scale, bias, bias_after_scale):
+    def specialize(X, scale, bias, bias_after_scale, xp):
         # Float X only: its kernel needs no cast back to X's dtype. The factors are 0-d arrays
         # of X's dtype: given Python floats, a ufunc resolves the operand types on every call,
         # which doubles its cost on small arrays.
         if X is None or not X.ndim or np.dtype(X.dtype).kind != "f":
             return None
-        factor, shift = np.asarray(scale, X.dtype), np.asarray(bias, X.dtype)
+        factor, shift = xp.asarray(scale, X.dtype), xp.asarray(bias, X.dtype)
         if bias == 0.0:
-            return functools.partial(np.multiply, factor)
+            return functools.partial(xp.multiply, factor)
 
         def scaled_then_shifted(X, out=None):
-            out = np.multiply(X, factor, out=out)
-            return np.add(out, shift, out=out)
+            out = xp.multiply(X, factor, out=out)
+            return xp.add(out, shift, out=out)
 
         def shifted_then_scaled(X, out=None):
-            out = np.add(X, shift, out=out)
-            return np.multiply(out, factor, out=out)
+            out = xp.add(X, shift, out=out)
+            return xp.multiply(out, factor, out=out)
 
         return scaled_then_shifted if bias_after_scale else shifted_then_scaled
 
-    def forward(X, scale, bias, bias_after_scale):
+    def forward(X, scale, bias, bias_after_scale, xp):
         out = X * scale + bias if bias_after_scale else (X + bias) * scale
-        return np.asarray(out, X.dtype)
+        return xp.asarray(out, X.dtype)
 
-    def backward(X, Out, Out_grad, scale, bias, bias_after_scale):
-        return (np.asarray(Out_grad * scale, X.dtype),)
+    def backward(X, Out, Out_grad, scale, bias, bias_after_scale, xp):
+        return (xp.asarray(Out_grad * scale, X.dtype),)
 
 
 @register_op
@@ -284,11 +284,11 @@ class square:
     grad_no_need_buffer = ("Out",)
     infer = numeric_same_as(0)
 
-    def forward(X):
-        return np.asarray(np.square(X))
+    def forward(X, xp):
+        return xp.asarray(xp.square(X))
 
-    def backward(X, Out, Out_grad):
-        return (np.asarray(Out_grad * (X + X)),)
+    def backward(X, Out, Out_grad, xp):
+        return (xp.asarray(Out_grad * (X + X)),)
 
 
 def _as_matrix(shape: tuple[int, ...], vector_as_row: bool) -> tuple[int, ...]:
@@ -347,25 +347,25 @@ class matmul:
         full = batch + (x[-2], y[-1])
         return VarInfo(_squeeze_vectors(full, len(X.shape) == 1, len(Y.shape) == 1), X.dtype)
 
-    def specialize(X, Y, transpose_X, transpose_Y, alpha):
+    def specialize(X, Y, transpose_X, transpose_Y, alpha, xp):
         # A plain product of two matrices (an RNN step's h @ W): the BLAS call alone.
         if X is None or Y is None or (X.ndim, Y.ndim) != (2, 2):
             return None
-        return np.matmul if not (transpose_X or transpose_Y) and alpha == 1.0 else None
+        return xp.matmul if not (transpose_X or transpose_Y) and alpha == 1.0 else None
 
-    def forward(X, Y, transpose_X, transpose_Y, alpha):
+    def forward(X, Y, transpose_X, transpose_Y, alpha, xp):
         x = X.reshape(_as_matrix(X.shape, True)) if X.ndim == 1 else X
         y = Y.reshape(_as_matrix(Y.shape, False)) if Y.ndim == 1 else Y
-        x = np.swapaxes(x, -1, -2) if transpose_X else x
-        y = np.swapaxes(y, -1, -2) if transpose_Y else y
-        out = np.matmul(x, y)
+        x = xp.swapaxes(x, -1, -2) if transpose_X else x
+        y = xp.swapaxes(y, -1, -2) if transpose_Y else y
+        out = xp.matmul(x, y)
         if alpha != 1.0:
-            out = out * np.asarray(alpha, out.dtype)
+            out = out * xp.asarray(alpha, out.dtype)
         if X.ndim == 1 or Y.ndim == 1:
             out = out.reshape(_squeeze_vectors(out.shape, X.ndim == 1, Y.ndim == 1))
-        return np.asarray(out)
+        return xp.asarray(out)
 
-    def backward(X, Y, Out, Out_grad, transpose_X, transpose_Y, alpha, needs=(True, True)):
+    def backward(X, Y, Out, Out_grad, transpose_X, transpose_Y, alpha, xp, needs=(True, True)):
         if X.ndim == Y.ndim == 2 and not (transpose_X or transpose_Y) and alpha == 1.0:
             # The common matrix product: its two BLAS calls and nothing else (an RNN step).
             dx = Out_grad @ Y.T if needs[0] else None
@@ -374,20 +374,20 @@ class matmul:
         # Work in the matrix form, then undo the vector promotions and broadcasting.
         x = X.reshape(_as_matrix(X.shape, True))
         y = Y.reshape(_as_matrix(Y.shape, False))
-        xt = np.swapaxes(x, -1, -2) if transpose_X else x
-        yt = np.swapaxes(y, -1, -2) if transpose_Y else y
+        xt = xp.swapaxes(x, -1, -2) if transpose_X else x
+        yt = xp.swapaxes(y, -1, -2) if transpose_Y else y
         batch = np.broadcast_shapes(xt.shape[:-2], yt.shape[:-2])
         g = Out_grad.reshape(batch + (xt.shape[-2], yt.shape[-1]))
         if alpha != 1.0:
-            g = g * np.asarray(alpha, g.dtype)
+            g = g * xp.asarray(alpha, g.dtype)
         dx = dy = None
         if needs[0]:
-            dxt = np.matmul(g, np.swapaxes(yt, -1, -2))
-            dx = np.swapaxes(dxt, -1, -2) if transpose_X else dxt
+            dxt = xp.matmul(g, xp.swapaxes(yt, -1, -2))
+            dx = xp.swapaxes(dxt, -1, -2) if transpose_X else dxt
             dx = unbroadcast(dx, x.shape).reshape(X.shape)
         if needs[1]:
-            dyt = np.matmul(np.swapaxes(xt, -1, -2), g)
-            dy = np.swapaxes(dyt, -1, -2) if transpose_Y else dyt
+            dyt = xp.matmul(xp.swapaxes(xt, -1, -2), g)
+            dy = xp.swapaxes(dyt, -1, -2) if transpose_Y else dyt
             dy = unbroadcast(dy, y.shape).reshape(Y.shape)
         return dx, dy
 
@@ -428,7 +428,7 @@ class mul:
             )
         return VarInfo(X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:], X.dtype)
 
-    def specialize(X, Y, x_num_col_dims, y_num_col_dims):
+    def specialize(X, Y, x_num_col_dims, y_num_col_dims, xp):
         # A matrix times a matrix needs no flattening: the BLAS call alone.
         if (
             X is None
@@ -436,7 +436,7 @@ class mul:
             or (X.ndim, Y.ndim, x_num_col_dims, y_num_col_dims) != (2, 2, 1, 1)
         ):
             return None
-        return np.matmul
+        return xp.matmul
 
     def forward(X, Y, x_num_col_dims, y_num_col_dims):
         out = X.reshape(_flat2d(X.shape, x_num_col_dims)) @ Y.reshape(
@@ -474,14 +474,14 @@ class sum:
             shape = broadcast_shapes(shape, other.shape, "inputs of sum")
         return VarInfo(shape, X[0].dtype)
 
-    def forward(X):
+    def forward(X, xp):
         out = X[0]
         for x in X[1:]:
             out = out + x
         if len(X) == 1:
             return out.copy()
         # A tensor array's gradient (a list, ArrayGrad) stays a list; 0-d sums become arrays.
-        return out if isinstance(out, list) else np.asarray(out)
+        return out if isinstance(out, list) else xp.asarray(out)
 
     def backward(X, Out, Out_grad):
         return ([unbroadcast(Out_grad, x.shape) for x in X],)

@@ -10,6 +10,8 @@ a ShapeError.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from nestflow.errors import DTypeError, ShapeError
@@ -21,9 +23,9 @@ def _require_float(X: VarInfo, op: str) -> None:
         raise DTypeError(f"{op} needs a floating-point X, got {X.dtype}; cast it first")
 
 
-def _mean_of(total: np.ndarray, count: int, dtype) -> np.ndarray:
+def _mean_of(total, count: int, dtype, xp):
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.asarray(total / np.asarray(count, dtype), dtype)
+        return xp.asarray(total / xp.asarray(count, dtype), dtype)
 
 
 @register_op
@@ -37,14 +39,14 @@ class mean:
         _require_float(X, "mean")
         return VarInfo((), X.dtype)
 
-    def forward(X):
-        return _mean_of(X.sum(), X.size, X.dtype)
+    def forward(X, xp):
+        return _mean_of(X.sum(), X.size, X.dtype, xp)
 
-    def backward(X, Out, Out_grad):
+    def backward(X, Out, Out_grad, xp):
         # One value everywhere: a read-only broadcast view, no [X.shape] array to fill (an
         # op never writes into an input; the executor reuses only writeable buffers).
-        share = np.asarray(Out_grad / max(X.size, 1), X.dtype)
-        return (np.broadcast_to(share, X.shape),)
+        share = xp.asarray(Out_grad / max(X.size, 1), X.dtype)
+        return (xp.broadcast_to(share, X.shape),)
 
 
 def _reduced_axes(ndim: int, dim: list, reduce_all: bool) -> tuple[int, ...]:
@@ -74,10 +76,10 @@ def _infer_reduce(X: VarInfo, dim: list, keep_dim: bool, reduce_all: bool) -> Va
     return VarInfo(shape, X.dtype)
 
 
-def _spread(Out_grad: np.ndarray, X: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+def _spread(Out_grad, X, axes: tuple[int, ...], xp):
     """Out_grad put back in X's shape: the reduced axes restored as 1, then broadcast."""
     kept = tuple(1 if i in axes else d for i, d in enumerate(X.shape))
-    return np.broadcast_to(Out_grad.reshape(kept), X.shape).astype(X.dtype, copy=True)
+    return xp.broadcast_to(Out_grad.reshape(kept), X.shape).astype(X.dtype, copy=True)
 
 
 @register_op
@@ -90,12 +92,12 @@ class reduce_sum:
     attrs = _REDUCE_ATTRS
     infer = _infer_reduce
 
-    def forward(X, dim, keep_dim, reduce_all):
+    def forward(X, dim, keep_dim, reduce_all, xp):
         axes = _reduced_axes(X.ndim, dim, reduce_all)
-        return np.asarray(X.sum(axis=axes, keepdims=keep_dim, dtype=X.dtype))
+        return xp.asarray(X.sum(axis=axes, keepdims=keep_dim, dtype=X.dtype))
 
-    def backward(X, Out, Out_grad, dim, keep_dim, reduce_all):
-        return (_spread(Out_grad, X, _reduced_axes(X.ndim, dim, reduce_all)),)
+    def backward(X, Out, Out_grad, dim, keep_dim, reduce_all, xp):
+        return (_spread(Out_grad, X, _reduced_axes(X.ndim, dim, reduce_all), xp),)
 
 
 @register_op
@@ -110,15 +112,15 @@ class reduce_mean:
         _require_float(X, "reduce_mean")
         return _infer_reduce(X, dim, keep_dim, reduce_all)
 
-    def forward(X, dim, keep_dim, reduce_all):
+    def forward(X, dim, keep_dim, reduce_all, xp):
         axes = _reduced_axes(X.ndim, dim, reduce_all)
-        count = int(np.prod([X.shape[a] for a in axes]))
-        return _mean_of(X.sum(axis=axes, keepdims=keep_dim), count, X.dtype)
+        count = math.prod(X.shape[a] for a in axes)
+        return _mean_of(X.sum(axis=axes, keepdims=keep_dim), count, X.dtype, xp)
 
-    def backward(X, Out, Out_grad, dim, keep_dim, reduce_all):
+    def backward(X, Out, Out_grad, dim, keep_dim, reduce_all, xp):
         axes = _reduced_axes(X.ndim, dim, reduce_all)
-        count = max(int(np.prod([X.shape[a] for a in axes])), 1)
-        return (_spread(Out_grad / np.asarray(count, Out_grad.dtype), X, axes),)
+        count = max(math.prod(X.shape[a] for a in axes), 1)
+        return (_spread(Out_grad / xp.asarray(count, Out_grad.dtype), X, axes, xp),)
 
 
 def _infer_extreme(X: VarInfo, dim: list, keep_dim: bool, reduce_all: bool) -> VarInfo:
@@ -131,17 +133,17 @@ def _infer_extreme(X: VarInfo, dim: list, keep_dim: bool, reduce_all: bool) -> V
     return _infer_reduce(X, dim, keep_dim, reduce_all)
 
 
-def _extreme(find):
-    def forward(X, dim, keep_dim, reduce_all):
+def _extreme(find: str):
+    def forward(X, dim, keep_dim, reduce_all, xp):
         axes = _reduced_axes(X.ndim, dim, reduce_all)
         if any(X.shape[a] == 0 for a in axes):
             raise ShapeError(f"X {list(X.shape)} has no elements along dims {list(axes)}")
-        return np.asarray(find(X, axis=axes, keepdims=keep_dim))
+        return xp.asarray(getattr(xp, find)(X, axis=axes, keepdims=keep_dim))
 
     return forward
 
 
-def _extreme_grad(X, Out, Out_grad, dim, keep_dim, reduce_all):
+def _extreme_grad(X, Out, Out_grad, dim, keep_dim, reduce_all, xp):
     """The gradient of max/min goes to the positions holding the extreme value, split evenly
     when several tie (torch.amax's rule; Fluid gives each tied position the whole gradient)."""
     axes = _reduced_axes(X.ndim, dim, reduce_all)
@@ -149,9 +151,9 @@ def _extreme_grad(X, Out, Out_grad, dim, keep_dim, reduce_all):
     out = Out.reshape(kept)
     hits = X == out
     if X.dtype.kind == "f":
-        hits |= np.isnan(X) & np.isnan(out)  # a NaN extreme came from the NaN positions
+        hits |= xp.isnan(X) & xp.isnan(out)  # a NaN extreme came from the NaN positions
     share = Out_grad.reshape(kept) / hits.sum(axis=axes, keepdims=True)
-    return (np.where(hits, share, np.zeros((), Out_grad.dtype)).astype(X.dtype, copy=False),)
+    return (xp.where(hits, share, xp.zeros((), Out_grad.dtype)).astype(X.dtype, copy=False),)
 
 
 @register_op
@@ -163,7 +165,7 @@ class reduce_max:
     attrs = _REDUCE_ATTRS
     infer = _infer_extreme
 
-    forward = _extreme(np.max)
+    forward = _extreme("max")
     backward = _extreme_grad
 
 
@@ -176,24 +178,25 @@ class reduce_min:
     attrs = _REDUCE_ATTRS
     infer = _infer_extreme
 
-    forward = _extreme(np.min)
+    forward = _extreme("min")
     backward = _extreme_grad
 
 
-def _product_of_others(X: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+def _product_of_others(X, axes: tuple[int, ...], xp):
     """For each element, the product of the other elements of its reduced group, without
     dividing (exact with zeros): exclusive running products from the left and the right."""
     kept = [i for i in range(X.ndim) if i not in axes]
     order = kept + list(axes)
-    moved = np.transpose(X, order)
-    count = int(np.prod([X.shape[a] for a in axes]))
+    moved = xp.transpose(X, order)
+    count = math.prod(X.shape[a] for a in axes)
     if count == 0:
-        return np.zeros(X.shape, X.dtype)
+        return xp.zeros(X.shape, X.dtype)
     rows = moved.reshape(moved.shape[: len(kept)] + (count,))
-    ones = np.ones(rows.shape[:-1] + (1,), X.dtype)
-    left = np.cumprod(np.concatenate([ones, rows[..., :-1]], axis=-1), axis=-1)
-    right = np.cumprod(np.concatenate([ones, rows[..., :0:-1]], axis=-1), axis=-1)[..., ::-1]
-    return (left * right).reshape(moved.shape).transpose(np.argsort(order))
+    ones = xp.ones(rows.shape[:-1] + (1,), X.dtype)
+    left = xp.cumprod(xp.concatenate([ones, rows[..., :-1]], axis=-1), axis=-1)
+    right = xp.cumprod(xp.concatenate([ones, rows[..., :0:-1]], axis=-1), axis=-1)[..., ::-1]
+    undo = sorted(range(len(order)), key=order.__getitem__)  # the inverse permutation
+    return (left * right).reshape(moved.shape).transpose(undo)
 
 
 @register_op
@@ -205,14 +208,14 @@ class reduce_prod:
     attrs = _REDUCE_ATTRS
     infer = _infer_reduce
 
-    def forward(X, dim, keep_dim, reduce_all):
+    def forward(X, dim, keep_dim, reduce_all, xp):
         axes = _reduced_axes(X.ndim, dim, reduce_all)
-        return np.asarray(np.prod(X, axis=axes, keepdims=keep_dim, dtype=X.dtype))
+        return xp.asarray(xp.prod(X, axis=axes, keepdims=keep_dim, dtype=X.dtype))
 
-    def backward(X, Out, Out_grad, dim, keep_dim, reduce_all):
+    def backward(X, Out, Out_grad, dim, keep_dim, reduce_all, xp):
         axes = _reduced_axes(X.ndim, dim, reduce_all)
-        others = _product_of_others(X, axes)
-        return ((others * _spread(Out_grad, X, axes)).astype(X.dtype, copy=False),)
+        others = _product_of_others(X, axes, xp)
+        return ((others * _spread(Out_grad, X, axes, xp)).astype(X.dtype, copy=False),)
 
 
 def _infer_logical(X: VarInfo, dim: list, keep_dim: bool, reduce_all: bool) -> VarInfo:
@@ -221,10 +224,10 @@ def _infer_logical(X: VarInfo, dim: list, keep_dim: bool, reduce_all: bool) -> V
     return _infer_reduce(X, dim, keep_dim, reduce_all)
 
 
-def _logical(test):
-    def forward(X, dim, keep_dim, reduce_all):
+def _logical(test: str):
+    def forward(X, dim, keep_dim, reduce_all, xp):
         axes = _reduced_axes(X.ndim, dim, reduce_all)
-        return np.asarray(test(X, axis=axes, keepdims=keep_dim))
+        return xp.asarray(getattr(xp, test)(X, axis=axes, keepdims=keep_dim))
 
     return forward
 
@@ -236,7 +239,7 @@ class reduce_all:
     inputs, outputs = ("X",), ("Out",)
     attrs = _REDUCE_ATTRS
     infer = _infer_logical
-    forward = _logical(np.all)
+    forward = _logical("all")
 
 
 @register_op
@@ -246,4 +249,4 @@ class reduce_any:
     inputs, outputs = ("X",), ("Out",)
     attrs = _REDUCE_ATTRS
     infer = _infer_logical
-    forward = _logical(np.any)
+    forward = _logical("any")
