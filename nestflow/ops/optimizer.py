@@ -13,6 +13,8 @@ epsilon, adadelta's learning rate) the op's docstring says how; lamb follows the
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from nestflow.errors import DTypeError
@@ -30,13 +32,14 @@ def _check_update(Param: VarInfo, Grad: VarInfo, LearningRate: VarInfo, **state:
         )
         if not same:
             fail(f"{name} {list(info.shape)} must have Param's shape {list(Param.shape)}")
-    if all(d >= 0 for d in LearningRate.shape) and int(np.prod(LearningRate.shape)) != 1:
+    if all(d >= 0 for d in LearningRate.shape) and math.prod(LearningRate.shape) != 1:
         fail(f"LearningRate must hold one value ([1] or 0-d), got {list(LearningRate.shape)}")
 
 
-def _scalar(value: np.ndarray, dtype) -> np.ndarray:
-    """A one-element array as a 0-d array of `dtype` (so a 0-d Param stays 0-d)."""
-    return np.asarray(value, dtype=dtype).reshape(())
+def _scalar(value, dtype, xp) -> np.ndarray:
+    """A number or one-element array as a 0-d array of `dtype` on the place (so a 0-d Param
+    stays 0-d)."""
+    return xp.asarray(value, dtype=dtype).reshape(())
 
 
 @register_op
@@ -50,12 +53,13 @@ class sgd:
         _check_update(Param, Grad, LearningRate)
         return Param
 
-    def forward(Param, Grad, LearningRate, out=None):
+    def forward(Param, Grad, LearningRate, xp, out=None):
+        lr = _scalar(LearningRate, Param.dtype, xp)
         if not Param.ndim:
-            return np.asarray(Param - _scalar(LearningRate, Param.dtype) * Grad)
+            return xp.asarray(Param - lr * Grad)
         # One new array at most (none when the executor lends Grad's buffer as `out`).
-        step = np.multiply(Grad, _scalar(LearningRate, Param.dtype), out=out)
-        return np.subtract(Param, step, out=step)
+        step = xp.multiply(Grad, lr, out=out)
+        return xp.subtract(Param, step, out=step)
 
 
 @register_op
@@ -72,22 +76,22 @@ class momentum:
         _check_update(Param, Grad, LearningRate, Velocity=Velocity)
         return Param, Param
 
-    def forward(Param, Grad, Velocity, LearningRate, mu, use_nesterov, out=None):
+    def forward(Param, Grad, Velocity, LearningRate, mu, use_nesterov, xp, out=None):
         dtype = Param.dtype
-        lr, mu = _scalar(LearningRate, dtype), _scalar(mu, dtype)
+        lr, mu = _scalar(LearningRate, dtype, xp), _scalar(mu, dtype, xp)
         if not Param.ndim:
-            velocity = np.asarray(mu * Velocity + Grad)
+            velocity = xp.asarray(mu * Velocity + Grad)
             step = Grad + mu * velocity if use_nesterov else velocity
-            return np.asarray(Param - lr * step), velocity
-        velocity = np.multiply(Velocity, mu)
+            return xp.asarray(Param - lr * step), velocity
+        velocity = xp.multiply(Velocity, mu)
         velocity += Grad
         if use_nesterov:
-            step = np.multiply(velocity, mu)
+            step = xp.multiply(velocity, mu)
             step += Grad
             step *= lr
         else:
-            step = np.multiply(velocity, lr, out=out)
-        return np.subtract(Param, step, out=step), velocity
+            step = xp.multiply(velocity, lr, out=out)
+        return xp.subtract(Param, step, out=step), velocity
 
 
 @register_op
@@ -104,62 +108,70 @@ class adam:
     def infer(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **_attrs):
         _check_update(Param, Grad, LearningRate, Moment1=Moment1, Moment2=Moment2)
         for name, info in (("Beta1Pow", Beta1Pow), ("Beta2Pow", Beta2Pow)):
-            if all(d >= 0 for d in info.shape) and int(np.prod(info.shape)) != 1:
+            if all(d >= 0 for d in info.shape) and math.prod(info.shape) != 1:
                 fail(f"{name} must hold one value ([1] or 0-d), got {list(info.shape)}")
         return Param, Moment1, Moment2, Beta1Pow, Beta2Pow
 
-    def forward(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, out=None, **attrs):
+    def forward(
+        Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, xp, out=None, **attrs
+    ):
         if not Param.ndim:  # ufuncs give 0-d inputs back as scalars, which take no out=
-            flat = [np.reshape(a, (1,)) for a in (Param, Grad)]
-            moments = [np.reshape(a, (1,)) for a in (Moment1, Moment2)]
-            new = adam.forward(*flat, LearningRate, *moments, Beta1Pow, Beta2Pow, **attrs)
+            flat = [a.reshape(1) for a in (Param, Grad)]
+            moments = [a.reshape(1) for a in (Moment1, Moment2)]
+            new = adam.forward(*flat, LearningRate, *moments, Beta1Pow, Beta2Pow, xp, **attrs)
             return (*(a.reshape(()) for a in new[:3]), *new[3:])
         beta1, beta2, epsilon = attrs["beta1"], attrs["beta2"], attrs["epsilon"]
         dtype = Param.dtype
         # Bias corrections in float64 (like torch's Python floats), applied in Param's dtype.
-        correction1 = 1.0 - float(np.asarray(Beta1Pow).reshape(()))
-        correction2 = 1.0 - float(np.asarray(Beta2Pow).reshape(()))
-        step = _scalar(float(np.asarray(LearningRate).reshape(())) / correction1, dtype)
-        b1, b2 = _scalar(beta1, dtype), _scalar(beta2, dtype)
+        correction1 = 1.0 - _value(Beta1Pow, xp)
+        correction2 = 1.0 - _value(Beta2Pow, xp)
+        step = _scalar(_value(LearningRate, xp) / correction1, dtype, xp)
+        b1, b2 = _scalar(beta1, dtype, xp), _scalar(beta2, dtype, xp)
         # torch.optim.Adam's order of operations, with one scratch array (Grad's buffer when
         # the executor lends it) instead of a temporary per operation.
-        m = np.multiply(Moment1, b1)
-        scratch = np.multiply(Grad, _scalar(1.0 - beta1, dtype))
+        m = xp.multiply(Moment1, b1)
+        scratch = xp.multiply(Grad, _scalar(1.0 - beta1, dtype, xp))
         m += scratch
-        v = np.multiply(Moment2, b2)
-        np.multiply(Grad, Grad, out=scratch)
-        scratch *= _scalar(1.0 - beta2, dtype)
+        v = xp.multiply(Moment2, b2)
+        xp.multiply(Grad, Grad, out=scratch)
+        scratch *= _scalar(1.0 - beta2, dtype, xp)
         v += scratch
         if out is not None:
             scratch = out
-        denom = np.sqrt(v, out=scratch)
-        denom /= _scalar(np.sqrt(correction2), dtype)
-        denom += _scalar(epsilon, dtype)
-        update = np.divide(m, denom, out=denom)
+        denom = xp.sqrt(v, out=scratch)
+        denom /= _scalar(xp.sqrt(correction2), dtype, xp)
+        denom += _scalar(epsilon, dtype, xp)
+        update = xp.divide(m, denom, out=denom)
         update *= step
-        param = np.subtract(Param, update, out=update)
+        param = xp.subtract(Param, update, out=update)
         return (
-            np.asarray(param, dtype),
-            np.asarray(m, dtype),
-            np.asarray(v, dtype),
-            np.asarray(Beta1Pow * beta1, Beta1Pow.dtype),
-            np.asarray(Beta2Pow * beta2, Beta2Pow.dtype),
+            xp.asarray(param, dtype),
+            xp.asarray(m, dtype),
+            xp.asarray(v, dtype),
+            xp.asarray(Beta1Pow * beta1, Beta1Pow.dtype),
+            xp.asarray(Beta2Pow * beta2, Beta2Pow.dtype),
         )
 
 
 def _check_one_value(name: str, info: VarInfo | None) -> None:
-    if info is not None and all(d >= 0 for d in info.shape) and int(np.prod(info.shape)) != 1:
+    if info is not None and all(d >= 0 for d in info.shape) and math.prod(info.shape) != 1:
         fail(f"{name} must hold one value ([1] or 0-d), got {list(info.shape)}")
 
 
-def _value(array: np.ndarray | None, default: float = 1.0) -> float:
-    """A one-element input as a Python float (`default` when the input is absent)."""
-    return default if array is None else float(np.asarray(array).reshape(()))
+def _value(array, xp, default: float = 1.0):
+    """A one-element input (`default` when absent) in float64: a Python float on the host,
+    where reading it costs nothing, a 0-d array on a device, where reading it would wait for
+    the device (the arithmetic that follows is the same on both)."""
+    if array is None:
+        return default
+    if xp is np:
+        return float(array.reshape(()))
+    return array.reshape(()).astype(np.float64)
 
 
-def _arrays(dtype, *values) -> tuple[np.ndarray | None, ...]:
+def _arrays(xp, dtype, *values) -> tuple[np.ndarray | None, ...]:
     """Results as arrays of `dtype` (NumPy turns 0-d results into scalars); None stays None."""
-    return tuple(None if v is None else np.asarray(v, dtype) for v in values)
+    return tuple(None if v is None else xp.asarray(v, dtype) for v in values)
 
 
 @register_op
@@ -175,12 +187,11 @@ class adagrad:
         _check_update(Param, Grad, LearningRate, Moment=Moment)
         return Param, Param
 
-    def forward(Param, Grad, Moment, LearningRate, epsilon):
+    def forward(Param, Grad, Moment, LearningRate, epsilon, xp):
         moment = Moment + Grad * Grad
-        std = np.sqrt(moment) + _scalar(epsilon, Param.dtype)
-        return _arrays(
-            Param.dtype, Param - _scalar(LearningRate, Param.dtype) * (Grad / std), moment
-        )
+        std = xp.sqrt(moment) + _scalar(epsilon, Param.dtype, xp)
+        lr = _scalar(LearningRate, Param.dtype, xp)
+        return _arrays(xp, Param.dtype, Param - lr * (Grad / std), moment)
 
 
 @register_op
@@ -208,21 +219,21 @@ class rmsprop:
         _check_update(Param, Grad, LearningRate, **state)
         return Param, Param, Param, MeanGrad
 
-    def forward(Param, MeanSquare, MeanGrad, LearningRate, Grad, Moment, **attrs):
+    def forward(Param, MeanSquare, MeanGrad, LearningRate, Grad, Moment, xp, **attrs):
         dtype = Param.dtype
-        decay = _scalar(attrs["decay"], dtype)
-        rest = _scalar(1.0 - attrs["decay"], dtype)
+        decay = _scalar(attrs["decay"], dtype, xp)
+        rest = _scalar(1.0 - attrs["decay"], dtype, xp)
         mean_square = MeanSquare * decay + Grad * Grad * rest
         mean_grad = MeanGrad
         if attrs["centered"]:
             mean_grad = MeanGrad * decay + Grad * rest
-            avg = np.sqrt(mean_square - mean_grad * mean_grad)
+            avg = xp.sqrt(mean_square - mean_grad * mean_grad)
         else:
-            avg = np.sqrt(mean_square)
-        avg = avg + _scalar(attrs["epsilon"], dtype)
-        moment = Moment * _scalar(attrs["momentum"], dtype) + Grad / avg
-        param = Param - _scalar(LearningRate, dtype) * moment
-        return _arrays(dtype, param, moment, mean_square, mean_grad)
+            avg = xp.sqrt(mean_square)
+        avg = avg + _scalar(attrs["epsilon"], dtype, xp)
+        moment = Moment * _scalar(attrs["momentum"], dtype, xp) + Grad / avg
+        param = Param - _scalar(LearningRate, dtype, xp) * moment
+        return _arrays(xp, dtype, param, moment, mean_square, mean_grad)
 
 
 @register_op
@@ -243,14 +254,15 @@ class adadelta:
         _check_update(Param, Grad, LearningRate or VarInfo((1,), Param.dtype), **state)
         return Param, Param, Param
 
-    def forward(Param, Grad, AvgSquaredGrad, AvgSquaredUpdate, LearningRate, rho, epsilon):
+    def forward(Param, Grad, AvgSquaredGrad, AvgSquaredUpdate, LearningRate, rho, epsilon, xp):
         dtype = Param.dtype
-        keep, rest, eps = _scalar(rho, dtype), _scalar(1.0 - rho, dtype), _scalar(epsilon, dtype)
+        keep, rest = _scalar(rho, dtype, xp), _scalar(1.0 - rho, dtype, xp)
+        eps = _scalar(epsilon, dtype, xp)
         avg_grad = AvgSquaredGrad * keep + Grad * Grad * rest
-        delta = np.sqrt(AvgSquaredUpdate + eps) / np.sqrt(avg_grad + eps) * Grad
+        delta = xp.sqrt(AvgSquaredUpdate + eps) / xp.sqrt(avg_grad + eps) * Grad
         avg_update = AvgSquaredUpdate * keep + delta * delta * rest
-        param = Param - _scalar(_value(LearningRate), dtype) * delta
-        return _arrays(dtype, param, avg_grad, avg_update)
+        param = Param - _scalar(_value(LearningRate, xp), dtype, xp) * delta
+        return _arrays(xp, dtype, param, avg_grad, avg_update)
 
 
 @register_op
@@ -270,14 +282,14 @@ class adamax:
         _check_one_value("Beta1Pow", Beta1Pow)
         return Param, Param, Param, Beta1Pow
 
-    def forward(Param, Grad, LearningRate, Moment, InfNorm, Beta1Pow, beta1, beta2, epsilon):
+    def forward(Param, Grad, LearningRate, Moment, InfNorm, Beta1Pow, beta1, beta2, epsilon, xp):
         dtype = Param.dtype
-        moment = Moment * _scalar(beta1, dtype) + Grad * _scalar(1.0 - beta1, dtype)
-        inf_norm = np.maximum(InfNorm * _scalar(beta2, dtype), np.abs(Grad) + epsilon)
-        step = _scalar(_value(LearningRate) / (1.0 - _value(Beta1Pow)), dtype)
+        moment = Moment * _scalar(beta1, dtype, xp) + Grad * _scalar(1.0 - beta1, dtype, xp)
+        inf_norm = xp.maximum(InfNorm * _scalar(beta2, dtype, xp), xp.abs(Grad) + epsilon)
+        step = _scalar(_value(LearningRate, xp) / (1.0 - _value(Beta1Pow, xp)), dtype, xp)
         param = Param - step * (moment / inf_norm)
-        beta1_pow = np.asarray(Beta1Pow * beta1, Beta1Pow.dtype)
-        return (*_arrays(dtype, param, moment, inf_norm), beta1_pow)
+        beta1_pow = xp.asarray(Beta1Pow * beta1, Beta1Pow.dtype)
+        return (*_arrays(xp, dtype, param, moment, inf_norm), beta1_pow)
 
 
 @register_op
@@ -294,11 +306,13 @@ class adamw:
         attrs.pop("coeff")
         return adam.infer(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **attrs)
 
-    def forward(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, out=None, **attrs):
-        kept = _scalar(1.0 - _value(LearningRate) * attrs.pop("coeff"), Param.dtype)
-        decayed = np.asarray(Param * kept)
+    def forward(
+        Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, xp, out=None, **attrs
+    ):
+        kept = _scalar(1.0 - _value(LearningRate, xp) * attrs.pop("coeff"), Param.dtype, xp)
+        decayed = xp.asarray(Param * kept)
         return adam.forward(
-            decayed, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, out=out, **attrs
+            decayed, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, xp, out, **attrs
         )
 
 
@@ -321,19 +335,22 @@ class lamb:
         _check_one_value("Beta2Pow", Beta2Pow)
         return Param, Param, Param, Beta1Pow, Beta2Pow
 
-    def forward(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **attrs):
+    def forward(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, xp, **attrs):
         dtype = Param.dtype
         beta1, beta2 = attrs["beta1"], attrs["beta2"]
-        m = Moment1 * _scalar(beta1, dtype) + Grad * _scalar(1.0 - beta1, dtype)
-        v = Moment2 * _scalar(beta2, dtype) + Grad * Grad * _scalar(1.0 - beta2, dtype)
-        m_hat = m / _scalar(1.0 - _value(Beta1Pow), dtype)
-        v_hat = v / _scalar(1.0 - _value(Beta2Pow), dtype)
-        r = m_hat / (np.sqrt(v_hat) + attrs["epsilon"]) + Param * attrs["weight_decay"]
-        param_norm, r_norm = np.sqrt(np.sum(Param * Param)), np.sqrt(np.sum(r * r))
-        trust = param_norm / r_norm if param_norm > 0 and r_norm > 0 else 1.0
-        param = Param - _scalar(_value(LearningRate) * trust, dtype) * r
+        m = Moment1 * _scalar(beta1, dtype, xp) + Grad * _scalar(1.0 - beta1, dtype, xp)
+        v = Moment2 * _scalar(beta2, dtype, xp) + Grad * Grad * _scalar(1.0 - beta2, dtype, xp)
+        m_hat = m / _scalar(1.0 - _value(Beta1Pow, xp), dtype, xp)
+        v_hat = v / _scalar(1.0 - _value(Beta2Pow, xp), dtype, xp)
+        r = m_hat / (xp.sqrt(v_hat) + attrs["epsilon"]) + Param * attrs["weight_decay"]
+        param_norm, r_norm = xp.sqrt(xp.sum(Param * Param)), xp.sqrt(xp.sum(r * r))
+        # The guard as a select, not an if: on a device the norms stay there.
+        moves = (param_norm > 0) & (r_norm > 0)
+        trust = xp.where(moves, param_norm / xp.where(moves, r_norm, 1), 1)
+        lr = _scalar(_value(LearningRate, xp), dtype, xp)
+        param = Param - _scalar(lr * trust, dtype, xp) * r
         return (
-            *_arrays(dtype, param, m, v),
-            np.asarray(Beta1Pow * beta1, Beta1Pow.dtype),
-            np.asarray(Beta2Pow * beta2, Beta2Pow.dtype),
+            *_arrays(xp, dtype, param, m, v),
+            xp.asarray(Beta1Pow * beta1, Beta1Pow.dtype),
+            xp.asarray(Beta2Pow * beta2, Beta2Pow.dtype),
         )
