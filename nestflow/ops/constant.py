@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from nestflow.ops.registry import Required, VarInfo, register_op
 
 
@@ -17,5 +15,5 @@ class assign_value:
     def infer(shape, dtype, values):
         return VarInfo(tuple(shape), dtype)
 
-    def forward(shape, dtype, values):
-        return np.asarray(values, dtype=dtype).reshape(shape)
+    def forward(shape, dtype, values, xp):
+        return xp.asarray(values, dtype=dtype).reshape(shape)

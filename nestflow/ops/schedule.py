@@ -7,6 +7,9 @@ output, so schedules compose) or else from the `learning_rate` attr. Out is [1] 
 The value is computed in float64 with Fluid 1.8's formulas (layers/learning_rate_scheduler.py),
 then cast to `dtype`. None has a gradient: a learning rate is an input to the update, not a
 function the loss depends on.
+
+On a device the schedule still runs on the host: Step (and LearningRate) are read there, one
+number each per run, and Out is copied to the device.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from nestflow.ops.registry import Required, VarInfo, fail, register_op
 def _one_value(name: str, info: VarInfo | None) -> None:
     if info is None:
         return
-    if all(d >= 0 for d in info.shape) and int(np.prod(info.shape)) != 1:
+    if all(d >= 0 for d in info.shape) and math.prod(info.shape) != 1:
         fail(f"{name} must hold one value ([1] or 0-d), got {list(info.shape)}")
     if info.dtype == "bool":
         raise DTypeError(f"{name} must be a number, got {info.dtype}")
@@ -43,15 +46,16 @@ def _infer(Step: VarInfo, LearningRate: VarInfo | None = None, *, dtype: str, **
 
 
 def _step(Step: np.ndarray) -> float:
-    return float(np.asarray(Step).reshape(()))
+    # A host read: the schedule is Fluid's float64 formula of one number.
+    return float(Step.reshape(()))
 
 
 def _base(LearningRate: np.ndarray | None, learning_rate: float) -> float:
-    return learning_rate if LearningRate is None else float(np.asarray(LearningRate).reshape(()))
+    return learning_rate if LearningRate is None else float(LearningRate.reshape(()))
 
 
-def _out(value: float, dtype: str) -> np.ndarray:
-    return np.array([value], dtype=dtype)
+def _out(value: float, dtype: str, xp) -> np.ndarray:
+    return xp.asarray([value], dtype=dtype)
 
 
 def _decay_ratio(step: float, decay_steps: float, staircase: bool) -> float:
@@ -77,9 +81,9 @@ def _decay_kernel(formula):
     """The kernel of a schedule lr * f(decay_rate, ratio), ratio = step / decay_steps
     (floored with staircase)."""
 
-    def forward(Step, LearningRate, learning_rate, decay_steps, decay_rate, staircase, dtype):
+    def forward(Step, LearningRate, learning_rate, decay_steps, decay_rate, staircase, dtype, xp):
         ratio = _decay_ratio(_step(Step), decay_steps, staircase)
-        return _out(formula(_base(LearningRate, learning_rate), decay_rate, ratio), dtype)
+        return _out(formula(_base(LearningRate, learning_rate), decay_rate, ratio), dtype, xp)
 
     return forward
 
@@ -135,7 +139,7 @@ class polynomial_decay:
         return _infer(Step, LearningRate, dtype=dtype)
 
     def forward(
-        Step, LearningRate, learning_rate, decay_steps, end_learning_rate, power, cycle, dtype
+        Step, LearningRate, learning_rate, decay_steps, end_learning_rate, power, cycle, dtype, xp
     ):
         step = _step(Step)
         if cycle:
@@ -144,7 +148,7 @@ class polynomial_decay:
             step, steps = min(step, decay_steps), decay_steps
         base = _base(LearningRate, learning_rate)
         value = (base - end_learning_rate) * (1.0 - step / steps) ** power + end_learning_rate
-        return _out(value, dtype)
+        return _out(value, dtype, xp)
 
 
 @register_op
@@ -172,10 +176,10 @@ class piecewise_decay:
                 )
         return _infer(Step, dtype=dtype)
 
-    def forward(Step, boundaries, values, dtype):
+    def forward(Step, boundaries, values, dtype, xp):
         step = _step(Step)
         index = next((i for i, b in enumerate(boundaries) if step < b), len(boundaries))
-        return _out(values[index], dtype)
+        return _out(values[index], dtype, xp)
 
 
 @register_op
@@ -194,10 +198,10 @@ class cosine_decay:
         _positive(step_each_epoch=step_each_epoch, epochs=epochs)
         return _infer(Step, LearningRate, dtype=dtype)
 
-    def forward(Step, LearningRate, learning_rate, step_each_epoch, epochs, dtype):
+    def forward(Step, LearningRate, learning_rate, step_each_epoch, epochs, dtype, xp):
         epoch = math.floor(_step(Step) / step_each_epoch)
         base = _base(LearningRate, learning_rate)
-        return _out(base * 0.5 * (math.cos(epoch * math.pi / epochs) + 1.0), dtype)
+        return _out(base * 0.5 * (math.cos(epoch * math.pi / epochs) + 1.0), dtype, xp)
 
 
 @register_op
@@ -217,10 +221,10 @@ class noam_decay:
         _positive(d_model=d_model, warmup_steps=warmup_steps)
         return _infer(Step, LearningRate, dtype=dtype)
 
-    def forward(Step, LearningRate, d_model, warmup_steps, learning_rate, dtype):
+    def forward(Step, LearningRate, d_model, warmup_steps, learning_rate, dtype, xp):
         n = _step(Step) + 1.0
         factor = min(n**-0.5, warmup_steps**-1.5 * n)
-        return _out(_base(LearningRate, learning_rate) * d_model**-0.5 * factor, dtype)
+        return _out(_base(LearningRate, learning_rate) * d_model**-0.5 * factor, dtype, xp)
 
 
 @register_op
@@ -242,8 +246,8 @@ class linear_lr_warmup:
             raise AttrError(f"warmup_steps must be >= 0, got {warmup_steps}")
         return _infer(Step, LearningRate, dtype=dtype)
 
-    def forward(Step, LearningRate, learning_rate, warmup_steps, start_lr, end_lr, dtype):
+    def forward(Step, LearningRate, learning_rate, warmup_steps, start_lr, end_lr, dtype, xp):
         step = _step(Step)
         if step < warmup_steps:
-            return _out(start_lr + (end_lr - start_lr) * (step / warmup_steps), dtype)
-        return _out(_base(LearningRate, learning_rate), dtype)
+            return _out(start_lr + (end_lr - start_lr) * (step / warmup_steps), dtype, xp)
+        return _out(_base(LearningRate, learning_rate), dtype, xp)
