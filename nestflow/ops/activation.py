@@ -5,8 +5,9 @@ Slots (X -> Out), attrs and defaults are Fluid 1.8's. Every op here but relu and
 float-only: its kernel makes floats and Out has X's dtype, so a non-float X is a DTypeError
 when the op is appended.
 
-NumPy ufuncs return scalars for 0-d arrays, hence the np.asarray around elementwise results,
-and `specialize` offers a bare ufunc (no Python frame per call) only when X has rank >= 1.
+Kernels are written against `xp`, their place's array module. NumPy ufuncs return scalars for
+0-d arrays, hence the xp.asarray around elementwise results, and `specialize` offers the
+place's bare ufunc (no Python frame per call) only when X has rank >= 1.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError
+from nestflow.ops.onnx_compat import _erf as _rational_erf
 from nestflow.ops.registry import (
     Required,
     VarInfo,
@@ -44,19 +46,19 @@ def _float_only(op: str):
     return infer
 
 
-def _bare(kernel):
-    """specialize: `kernel` itself (a ufunc, or a function taking `out=`) for X of rank >= 1."""
+def _bare(ufunc: str):
+    """specialize: the place's ufunc `ufunc` itself for X of rank >= 1."""
 
-    def specialize(X, **_attrs):
-        return kernel if X is not None and X.ndim else None
+    def specialize(X, xp, **_attrs):
+        return getattr(xp, ufunc) if X is not None and X.ndim else None
 
     return specialize
 
 
-def _constant(value: float, dtype) -> np.ndarray:
+def _constant(value: float, dtype, xp):
     # A 0-d array of X's dtype: given a Python number, a ufunc resolves the operand type on
     # every call, which doubles its cost on small arrays.
-    return np.asarray(value, dtype)
+    return xp.asarray(value, dtype)
 
 
 # NumPy's maximum of an array and a scalar runs several times slower than of two arrays
@@ -91,21 +93,22 @@ class relu:
     inplace = {"Out": "X"}
     grad_inplace = {"X@GRAD": "Out@GRAD"}
 
-    def specialize(X):
+    def specialize(X, xp):
         if X is None or not X.ndim:
             return None
-        if all(d >= 0 for d in X.shape) and math.prod(X.shape) < 4096:
-            # small and of known size: maximum(0, X) as a C-level partial, no Python frame
-            return functools.partial(np.maximum, _constant(0, X.dtype))
-        return _relu
+        small = all(d >= 0 for d in X.shape) and math.prod(X.shape) < 4096
+        if xp is np and not small:
+            return _relu  # NumPy's maximum with a scalar is slow: see shared_zeros
+        # maximum(0, X) as a C-level partial, no Python frame
+        return functools.partial(xp.maximum, _constant(0, X.dtype, xp))
 
-    def forward(X):
-        return np.asarray(np.maximum(X, 0))
+    def forward(X, xp):
+        return xp.asarray(xp.maximum(X, 0))
 
-    def backward(X, Out, Out_grad, out=None):
+    def backward(X, Out, Out_grad, xp, out=None):
         if not Out.ndim:
-            return (np.asarray(Out_grad * (Out > 0)),)
-        return (np.multiply(Out_grad, Out > 0, out=out),)
+            return (xp.asarray(Out_grad * (Out > 0)),)
+        return (xp.multiply(Out_grad, Out > 0, out=out),)
 
 
 @register_op
@@ -117,15 +120,15 @@ class sigmoid:
     grad_inplace = {"X@GRAD": "Out@GRAD"}
     infer = _float_only("sigmoid")
 
-    def forward(X):
+    def forward(X, xp):
         # tanh form: no overflow warning for large |X|, same value as 1/(1+exp(-X)).
-        return np.asarray((np.tanh(X * 0.5) + 1) * np.asarray(0.5, X.dtype))
+        return xp.asarray((xp.tanh(X * 0.5) + 1) * xp.asarray(0.5, X.dtype))
 
-    def backward(X, Out, Out_grad, out=None):
+    def backward(X, Out, Out_grad, xp, out=None):
         if not Out.ndim:
-            return (np.asarray(Out_grad * Out * (1 - Out)),)
-        grad = np.multiply(Out_grad, Out, out=out)
-        return (np.multiply(grad, 1 - Out, out=grad),)
+            return (xp.asarray(Out_grad * Out * (1 - Out)),)
+        grad = xp.multiply(Out_grad, Out, out=out)
+        return (xp.multiply(grad, 1 - Out, out=grad),)
 
 
 @register_op
@@ -137,15 +140,15 @@ class tanh:
     inplace = {"Out": "X"}
     grad_inplace = {"X@GRAD": "Out@GRAD"}
     infer = _float_only("tanh")
-    specialize = _bare(np.tanh)
+    specialize = _bare("tanh")
 
-    def forward(X):
-        return np.asarray(np.tanh(X))
+    def forward(X, xp):
+        return xp.asarray(xp.tanh(X))
 
-    def backward(X, Out, Out_grad, out=None):
+    def backward(X, Out, Out_grad, xp, out=None):
         if not Out.ndim:
-            return (np.asarray(Out_grad * (1 - Out * Out)),)
-        return (np.multiply(Out_grad, 1 - Out * Out, out=out),)
+            return (xp.asarray(Out_grad * (1 - Out * Out)),)
+        return (xp.multiply(Out_grad, 1 - Out * Out, out=out),)
 
 
 @register_op
@@ -161,8 +164,8 @@ class softmax:
             fail(f"axis {axis} is out of range for X {list(X.shape)}")
         return _require_float(X, "softmax")
 
-    def forward(X, axis):
-        shifted = np.exp(X - X.max(axis=axis, keepdims=True)) if X.size else X.copy()
+    def forward(X, axis, xp):
+        shifted = xp.exp(X - X.max(axis=axis, keepdims=True)) if X.size else X.copy()
         return shifted / shifted.sum(axis=axis, keepdims=True) if X.size else shifted
 
     def backward(X, Out, Out_grad, axis):
@@ -181,13 +184,13 @@ class exp:
     inplace = {"Out": "X"}
     grad_inplace = {"X@GRAD": "Out@GRAD"}
     infer = _float_only("exp")
-    specialize = _bare(np.exp)
+    specialize = _bare("exp")
 
-    def forward(X):
-        return np.asarray(np.exp(X))
+    def forward(X, xp):
+        return xp.asarray(xp.exp(X))
 
-    def backward(X, Out, Out_grad, out=None):
-        return (np.asarray(np.multiply(Out_grad, Out, out=out if Out.ndim else None)),)
+    def backward(X, Out, Out_grad, xp, out=None):
+        return (xp.asarray(xp.multiply(Out_grad, Out, out=out if Out.ndim else None)),)
 
 
 @register_op
@@ -198,13 +201,13 @@ class log:
     grad_no_need_buffer = ("Out",)
     inplace = {"Out": "X"}
     infer = _float_only("log")
-    specialize = _bare(np.log)
+    specialize = _bare("log")
 
-    def forward(X):
-        return np.asarray(np.log(X))
+    def forward(X, xp):
+        return xp.asarray(xp.log(X))
 
-    def backward(X, Out, Out_grad):
-        return (np.asarray(Out_grad / X),)
+    def backward(X, Out, Out_grad, xp):
+        return (xp.asarray(Out_grad / X),)
 
 
 @register_op
@@ -215,18 +218,13 @@ class sqrt:
     grad_no_need_buffer = ("X",)
     inplace = {"Out": "X"}
     infer = _float_only("sqrt")
-    specialize = _bare(np.sqrt)
+    specialize = _bare("sqrt")
 
-    def forward(X):
-        return np.asarray(np.sqrt(X))
+    def forward(X, xp):
+        return xp.asarray(xp.sqrt(X))
 
-    def backward(X, Out, Out_grad):
-        return (np.asarray(Out_grad * 0.5 / Out),)
-
-
-def _rsqrt(X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    root = np.sqrt(X, out=out)
-    return np.divide(1.0, root, out=root)
+    def backward(X, Out, Out_grad, xp):
+        return (xp.asarray(Out_grad * 0.5 / Out),)
 
 
 @register_op
@@ -237,13 +235,22 @@ class rsqrt:
     grad_no_need_buffer = ("X",)
     inplace = {"Out": "X"}
     infer = _float_only("rsqrt")
-    specialize = _bare(_rsqrt)
 
-    def forward(X):
-        return np.asarray(1.0 / np.sqrt(X), X.dtype)
+    def specialize(X, xp):
+        if X is None or not X.ndim:
+            return None
 
-    def backward(X, Out, Out_grad):
-        return (np.asarray(Out_grad * -0.5 * Out * Out * Out),)
+        def reciprocal_root(X, out=None):
+            root = xp.sqrt(X, out=out)
+            return xp.divide(1.0, root, out=root)
+
+        return reciprocal_root
+
+    def forward(X, xp):
+        return xp.asarray(1.0 / xp.sqrt(X), X.dtype)
+
+    def backward(X, Out, Out_grad, xp):
+        return (xp.asarray(Out_grad * -0.5 * Out * Out * Out),)
 
 
 @register_op
@@ -254,13 +261,13 @@ class abs:
     grad_no_need_buffer = ("Out",)
     inplace = {"Out": "X"}
     infer = numeric_same_as(0)
-    specialize = _bare(np.absolute)
+    specialize = _bare("absolute")
 
-    def forward(X):
-        return np.asarray(np.absolute(X))
+    def forward(X, xp):
+        return xp.asarray(xp.absolute(X))
 
-    def backward(X, Out, Out_grad):
-        return (np.asarray(Out_grad * np.sign(X)),)
+    def backward(X, Out, Out_grad, xp):
+        return (xp.asarray(Out_grad * xp.sign(X)),)
 
 
 @register_op
@@ -282,27 +289,29 @@ class pow:
                 fail(f"FactorTensor must hold one element, got shape {list(FactorTensor.shape)}")
         return _require_float(X, "pow")
 
-    def specialize(X, FactorTensor, factor):
+    def specialize(X, FactorTensor, factor, xp):
         if X is None or not X.ndim or FactorTensor is not None:
             return None
-        exponent = _constant(factor, X.dtype)
+        exponent = _constant(factor, X.dtype, xp)
 
         def power(X, FactorTensor, out=None):
-            return np.power(X, exponent, out=out)
+            return xp.power(X, exponent, out=out)
 
         return power
 
-    def forward(X, FactorTensor, factor):
-        return np.asarray(np.power(X, _exponent(X, FactorTensor, factor)))
+    def forward(X, FactorTensor, factor, xp):
+        return xp.asarray(xp.power(X, _exponent(X, FactorTensor, factor, xp)))
 
-    def backward(X, FactorTensor, Out, Out_grad, factor):
-        f = _exponent(X, FactorTensor, factor)
-        return (np.asarray(Out_grad * f * np.power(X, f - 1)),)
+    def backward(X, FactorTensor, Out, Out_grad, factor, xp):
+        f = _exponent(X, FactorTensor, factor, xp)
+        return (xp.asarray(Out_grad * f * xp.power(X, f - 1)),)
 
 
-def _exponent(X: np.ndarray, factor_tensor: np.ndarray | None, factor: float) -> np.ndarray:
-    value = factor if factor_tensor is None else float(np.asarray(factor_tensor).reshape(-1)[0])
-    return _constant(value, X.dtype)
+def _exponent(X, factor_tensor, factor: float, xp):
+    """The exponent as a 0-d array of X's dtype; FactorTensor's stays on the device."""
+    if factor_tensor is None:
+        return _constant(factor, X.dtype, xp)
+    return xp.asarray(factor_tensor.reshape(-1)[0], X.dtype)
 
 
 # ---- piecewise: clip, leaky_relu, elu, hard_sigmoid ----
@@ -323,23 +332,23 @@ class clip:
             raise AttrError(f"clip needs min <= max, got min={min} and max={max}")
         return _require_float(X, "clip")
 
-    def specialize(X, min, max):
+    def specialize(X, min, max, xp):
         if X is None or not X.ndim:
             return None
-        low, high = _constant(min, X.dtype), _constant(max, X.dtype)
+        low, high = _constant(min, X.dtype, xp), _constant(max, X.dtype, xp)
 
         def clipped(X, out=None):
-            out = np.maximum(X, low, out=out)
-            return np.minimum(out, high, out=out)
+            out = xp.maximum(X, low, out=out)
+            return xp.minimum(out, high, out=out)
 
         return clipped
 
-    def forward(X, min, max):
-        low, high = _constant(min, X.dtype), _constant(max, X.dtype)
-        return np.asarray(np.minimum(np.maximum(X, low), high))
+    def forward(X, min, max, xp):
+        low, high = _constant(min, X.dtype, xp), _constant(max, X.dtype, xp)
+        return xp.asarray(xp.minimum(xp.maximum(X, low), high))
 
-    def backward(X, Out, Out_grad, min, max):
-        return (np.asarray(Out_grad * ((X > min) & (X < max))),)
+    def backward(X, Out, Out_grad, min, max, xp):
+        return (xp.asarray(Out_grad * ((X > min) & (X < max))),)
 
 
 @register_op
@@ -353,24 +362,24 @@ class leaky_relu:
     inplace = {"Out": "X"}
     infer = _float_only("leaky_relu")
 
-    def specialize(X, alpha):
+    def specialize(X, alpha, xp):
         if X is None or not X.ndim:
             return None
-        slope = _constant(alpha, X.dtype)
+        slope = _constant(alpha, X.dtype, xp)
 
         def leaky(X, out=None):
-            scaled = np.multiply(X, slope)
-            return np.maximum(X, scaled, out=out if out is not None else scaled)
+            scaled = xp.multiply(X, slope)
+            return xp.maximum(X, scaled, out=out if out is not None else scaled)
 
         return leaky
 
-    def forward(X, alpha):
-        return np.asarray(np.maximum(X, X * _constant(alpha, X.dtype)))
+    def forward(X, alpha, xp):
+        return xp.asarray(xp.maximum(X, X * _constant(alpha, X.dtype, xp)))
 
-    def backward(X, Out, Out_grad, alpha):
+    def backward(X, Out, Out_grad, alpha, xp):
         # max(X, alpha X) follows X where X > 0 when alpha <= 1, and alpha X there otherwise.
         positive, negative = (1.0, alpha) if alpha <= 1 else (alpha, 1.0)
-        return (np.asarray(Out_grad * np.where(X > 0, positive, negative).astype(X.dtype)),)
+        return (xp.asarray(Out_grad * xp.where(X > 0, positive, negative).astype(X.dtype)),)
 
 
 @register_op
@@ -384,16 +393,16 @@ class elu:
     attrs = {"alpha": 1.0}
     infer = _float_only("elu")
 
-    def forward(X, alpha):
-        negative = np.minimum(np.expm1(X) * _constant(alpha, X.dtype), 0)
-        return np.asarray(np.maximum(X, 0) + negative, X.dtype)
+    def forward(X, alpha, xp):
+        negative = xp.minimum(xp.expm1(X) * _constant(alpha, X.dtype, xp), 0)
+        return xp.asarray(xp.maximum(X, 0) + negative, X.dtype)
 
-    def backward(X, Out, Out_grad, alpha):
+    def backward(X, Out, Out_grad, alpha, xp):
         if alpha > 0:
-            slope = np.where(X > 0, 1, np.exp(X) * alpha)
+            slope = xp.where(X > 0, 1, xp.exp(X) * alpha)
         else:  # the min term is alpha * (exp(X) - 1) where X > 0, and 0 elsewhere
-            slope = np.where(X > 0, 1 + np.exp(X) * alpha, 0)
-        return (np.asarray(Out_grad * slope, X.dtype),)
+            slope = xp.where(X > 0, 1 + xp.exp(X) * alpha, 0)
+        return (xp.asarray(Out_grad * slope, X.dtype),)
 
 
 @register_op
@@ -404,21 +413,24 @@ class hard_sigmoid:
     attrs = {"slope": 0.2, "offset": 0.5}
     infer = _float_only("hard_sigmoid")
 
-    def forward(X, slope, offset):
-        linear = X * _constant(slope, X.dtype) + _constant(offset, X.dtype)
-        return np.asarray(np.clip(linear, 0, 1), X.dtype)
+    def forward(X, slope, offset, xp):
+        linear = X * _constant(slope, X.dtype, xp) + _constant(offset, X.dtype, xp)
+        return xp.asarray(xp.clip(linear, 0, 1), X.dtype)
 
-    def backward(X, Out, Out_grad, slope, offset):
+    def backward(X, Out, Out_grad, slope, offset, xp):
         inside = (Out > 0) & (Out < 1)
-        return (np.asarray(Out_grad * inside * _constant(slope, X.dtype)),)
+        return (xp.asarray(Out_grad * inside * _constant(slope, X.dtype, xp)),)
 
 
 # ---- smooth: gelu, softplus, softsign, swish ----
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
+def _erf(x, xp):
     """erf of a float64 array. NumPy has none: math.erf (libm's, within an ulp or two) mapped
-    over the elements, about 0.1 µs each (mapped over a list: faster than np.frompyfunc)."""
+    over the elements, about 0.1 µs each (mapped over a list: faster than np.frompyfunc). On a
+    device, Cephes' rational erf from xp's elementwise functions (within 5e-16 of math.erf)."""
+    if xp is not np:
+        return _rational_erf(x, xp)
     flat = np.fromiter(map(math.erf, x.ravel().tolist()), np.float64, count=x.size)
     return flat.reshape(x.shape)
 
@@ -436,29 +448,29 @@ class gelu:
     attrs = {"approximate": False}
     infer = _float_only("gelu")
 
-    def forward(X, approximate):
+    def forward(X, approximate, xp):
         x = X.astype(np.float64)
         if approximate:
-            out = 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+            out = 0.5 * x * (1.0 + xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
         else:
-            out = 0.5 * x * (1.0 + _erf(x * math.sqrt(0.5)))
-        return np.asarray(out, X.dtype)
+            out = 0.5 * x * (1.0 + _erf(x * math.sqrt(0.5), xp))
+        return xp.asarray(out, X.dtype)
 
-    def backward(X, Out, Out_grad, approximate):
+    def backward(X, Out, Out_grad, approximate, xp):
         x = X.astype(np.float64)
         if approximate:
             inner = _SQRT_2_OVER_PI * (x + 0.044715 * x**3)
-            t = np.tanh(inner)
+            t = xp.tanh(inner)
             slope = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
             dout_dx = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * slope
         else:
-            cdf = 0.5 * (1.0 + _erf(x * math.sqrt(0.5)))
-            dout_dx = cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-        return (np.asarray(Out_grad * dout_dx, X.dtype),)
+            cdf = 0.5 * (1.0 + _erf(x * math.sqrt(0.5), xp))
+            dout_dx = cdf + x * xp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        return (xp.asarray(Out_grad * dout_dx, X.dtype),)
 
 
-def _stable_sigmoid(x: np.ndarray) -> np.ndarray:
-    return (np.tanh(x * 0.5) + 1) * np.asarray(0.5, x.dtype)
+def _stable_sigmoid(x, xp):
+    return (xp.tanh(x * 0.5) + 1) * xp.asarray(0.5, x.dtype)
 
 
 @register_op
@@ -469,11 +481,11 @@ class softplus:
     grad_no_need_buffer = ("Out",)
     infer = _float_only("softplus")
 
-    def forward(X):
-        return np.asarray(np.logaddexp(X, _constant(0, X.dtype)))
+    def forward(X, xp):
+        return xp.asarray(xp.logaddexp(X, _constant(0, X.dtype, xp)))
 
-    def backward(X, Out, Out_grad):
-        return (np.asarray(Out_grad * _stable_sigmoid(X)),)
+    def backward(X, Out, Out_grad, xp):
+        return (xp.asarray(Out_grad * _stable_sigmoid(X, xp)),)
 
 
 @register_op
@@ -484,12 +496,12 @@ class softsign:
     grad_no_need_buffer = ("Out",)
     infer = _float_only("softsign")
 
-    def forward(X):
-        return np.asarray(X / (1 + np.absolute(X)))
+    def forward(X, xp):
+        return xp.asarray(X / (1 + xp.absolute(X)))
 
-    def backward(X, Out, Out_grad):
-        denominator = 1 + np.absolute(X)
-        return (np.asarray(Out_grad / (denominator * denominator)),)
+    def backward(X, Out, Out_grad, xp):
+        denominator = 1 + xp.absolute(X)
+        return (xp.asarray(Out_grad / (denominator * denominator)),)
 
 
 @register_op
@@ -501,13 +513,13 @@ class swish:
     attrs = {"beta": 1.0}
     infer = _float_only("swish")
 
-    def forward(X, beta):
-        return np.asarray(X * _stable_sigmoid(X * _constant(beta, X.dtype)))
+    def forward(X, beta, xp):
+        return xp.asarray(X * _stable_sigmoid(X * _constant(beta, X.dtype, xp), xp))
 
-    def backward(X, Out, Out_grad, beta):
-        sig = _stable_sigmoid(X * _constant(beta, X.dtype))
+    def backward(X, Out, Out_grad, beta, xp):
+        sig = _stable_sigmoid(X * _constant(beta, X.dtype, xp), xp)
         beta_out = X * sig * beta
-        return (np.asarray(Out_grad * (beta_out + sig * (1 - beta_out)), X.dtype),)
+        return (xp.asarray(Out_grad * (beta_out + sig * (1 - beta_out)), X.dtype),)
 
 
 # What a layer's `act=` may name: this family's ops that need no attribute set (clip does).
