@@ -464,10 +464,9 @@ class lookup_table:
 
     def forward(W, Ids, padding_idx):
         ids = Ids.reshape(_ids_shape(Ids.shape))
-        outside = (ids < 0) | (ids >= W.shape[0])
-        # A host read the op needs: a device wraps bad ids around where they must raise.
-        if bool(outside.any()):
-            bad = ids[outside]
+        # One host read the op needs: a device wraps bad ids around where they must raise.
+        if ids.size and bool((ids.min() < 0) | (ids.max() >= W.shape[0])):
+            bad = ids[(ids < 0) | (ids >= W.shape[0])]
             raise ExecutionError(
                 f"Ids hold {bad[:5].tolist()} outside the table's rows [0, {W.shape[0]}) "
                 f"(W {list(W.shape)}, Ids {list(Ids.shape)})"
