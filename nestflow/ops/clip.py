@@ -20,10 +20,10 @@ def _floating(name: str, info: VarInfo) -> VarInfo:
     return info
 
 
-def _squared_norm(x: np.ndarray) -> float:
-    """The sum of the squares of all of x's elements, in float64."""
-    flat = np.asarray(x, np.float64).ravel()
-    return float(np.dot(flat, flat))
+def _squared_norm(x, xp):
+    """The sum of the squares of all of x's elements, in float64 (0-d, on x's place)."""
+    flat = xp.asarray(x, np.float64).ravel()
+    return xp.dot(flat, flat)
 
 
 @register_op
@@ -39,11 +39,12 @@ class clip_by_norm:
             raise AttrError(f"max_norm must be > 0, got {max_norm}")
         return _floating("X", X)
 
-    def forward(X, max_norm):
-        norm = float(np.sqrt(_squared_norm(X)))
-        if norm <= max_norm:
-            return np.array(X, copy=True)
-        return np.asarray(X * np.asarray(max_norm / norm, X.dtype))
+    def forward(X, max_norm, xp):
+        # max_norm / max(norm, max_norm): 1 (X unchanged) unless the norm exceeds max_norm, NaN
+        # for a NaN norm; computed on X's place, never read on the host
+        norm = xp.sqrt(_squared_norm(X, xp))
+        scale = max_norm / xp.maximum(norm, max_norm)
+        return xp.asarray(X * scale.astype(X.dtype))
 
 
 @register_op
@@ -59,10 +60,10 @@ class clip_by_global_norm:
             raise AttrError(f"max_global_norm must be > 0, got {max_global_norm}")
         return [_floating(f"X[{i}]", x) for i, x in enumerate(X)]
 
-    def forward(X, max_global_norm):
-        total = float(np.sqrt(sum(_squared_norm(x) for x in X)))
-        scale = max_global_norm / max(total, max_global_norm)
-        return [np.asarray(x * np.asarray(scale, x.dtype)) for x in X]
+    def forward(X, max_global_norm, xp):
+        total = xp.sqrt(sum(_squared_norm(x, xp) for x in X))
+        scale = max_global_norm / xp.maximum(total, max_global_norm)
+        return [xp.asarray(x * scale.astype(x.dtype)) for x in X]
 
 
 @register_op
@@ -74,5 +75,5 @@ class sign:
     def infer(X):
         return _floating("X", X)
 
-    def forward(X):
-        return np.asarray(np.sign(X))
+    def forward(X, xp):
+        return xp.asarray(xp.sign(X))

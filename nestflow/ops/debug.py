@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.core.device_context import array_module
 from nestflow.errors import AttrError
 from nestflow.framework.program import OpDesc
 from nestflow.ops.registry import GradContext, GradOpSpec, VarInfo, register_op
@@ -22,9 +23,9 @@ _ATTRS = {"message": "", "summarize": 20, "print_phase": "both"}
 
 def format_value(name: str, value: Any, message: str = "", summarize: int = 20) -> str:
     """The text `print` shows: message, variable name, shape, dtype and the first `summarize`
-    values in row-major order (-1: all of them)."""
+    values in row-major order (-1: all of them): only those are read from a device."""
     lines = [f"{message} Variable: {name}" if message else f"Variable: {name}"]
-    if isinstance(value, np.ndarray):
+    if isinstance(value, np.ndarray) or array_module(value) is not np:
         flat = value.reshape(-1)
         shown = flat if summarize < 0 else flat[:summarize]
         more = " ..." if shown.size < flat.size else ""

@@ -6,10 +6,6 @@ elementwise ops; a logical op broadcasts its operands by NumPy's rules.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import numpy as np
-
 from nestflow.errors import DTypeError
 from nestflow.ops.math import align_y
 from nestflow.ops.registry import VarInfo, broadcast_shapes, fail, register_op
@@ -26,9 +22,9 @@ def _infer_compare(X: VarInfo, Y: VarInfo, axis: int) -> VarInfo:
     return VarInfo(broadcast_shapes(X.shape, y_shape), "bool")
 
 
-def _comparison(name: str, ufunc: np.ufunc, doc: str) -> type:
-    def forward(X, Y, axis):
-        return np.asarray(ufunc(X, align_y(X.ndim, Y, axis)))
+def _comparison(name: str, ufunc: str, doc: str) -> type:
+    def forward(X, Y, axis, xp):
+        return xp.asarray(getattr(xp, ufunc)(X, align_y(X.ndim, Y, axis)))
 
     body = {
         "__doc__": doc,
@@ -41,12 +37,12 @@ def _comparison(name: str, ufunc: np.ufunc, doc: str) -> type:
     return register_op(type(name, (), body))
 
 
-greater_than = _comparison("greater_than", np.greater, "Out = X > Y (bool), broadcast.")
-less_than = _comparison("less_than", np.less, "Out = X < Y (bool), broadcast.")
-greater_equal = _comparison("greater_equal", np.greater_equal, "Out = X >= Y (bool), broadcast.")
-less_equal = _comparison("less_equal", np.less_equal, "Out = X <= Y (bool), broadcast.")
-equal = _comparison("equal", np.equal, "Out = X == Y (bool), broadcast.")
-not_equal = _comparison("not_equal", np.not_equal, "Out = X != Y (bool), broadcast.")
+greater_than = _comparison("greater_than", "greater", "Out = X > Y (bool), broadcast.")
+less_than = _comparison("less_than", "less", "Out = X < Y (bool), broadcast.")
+greater_equal = _comparison("greater_equal", "greater_equal", "Out = X >= Y (bool), broadcast.")
+less_equal = _comparison("less_equal", "less_equal", "Out = X <= Y (bool), broadcast.")
+equal = _comparison("equal", "equal", "Out = X == Y (bool), broadcast.")
+not_equal = _comparison("not_equal", "not_equal", "Out = X != Y (bool), broadcast.")
 
 
 def _infer_logical(X: VarInfo, Y: VarInfo | None = None) -> VarInfo:
@@ -54,15 +50,15 @@ def _infer_logical(X: VarInfo, Y: VarInfo | None = None) -> VarInfo:
     return VarInfo(shape, "bool")
 
 
-def _logical(name: str, fn: Callable, doc: str, unary: bool = False) -> type:
+def _logical(name: str, ufunc: str, doc: str, unary: bool = False) -> type:
     if unary:
 
-        def forward(X):
-            return np.asarray(fn(X))
+        def forward(X, xp):
+            return xp.asarray(getattr(xp, ufunc)(X))
     else:
 
-        def forward(X, Y):
-            return np.asarray(fn(X, Y))
+        def forward(X, Y, xp):
+            return xp.asarray(getattr(xp, ufunc)(X, Y))
 
     body = {
         "__doc__": doc,
@@ -74,7 +70,7 @@ def _logical(name: str, fn: Callable, doc: str, unary: bool = False) -> type:
     return register_op(type(name, (), body))
 
 
-logical_and = _logical("logical_and", np.logical_and, "Out = X and Y (bool), broadcast.")
-logical_or = _logical("logical_or", np.logical_or, "Out = X or Y (bool), broadcast.")
-logical_xor = _logical("logical_xor", np.logical_xor, "Out = X xor Y (bool), broadcast.")
-logical_not = _logical("logical_not", np.logical_not, "Out = not X (bool).", unary=True)
+logical_and = _logical("logical_and", "logical_and", "Out = X and Y (bool), broadcast.")
+logical_or = _logical("logical_or", "logical_or", "Out = X or Y (bool), broadcast.")
+logical_xor = _logical("logical_xor", "logical_xor", "Out = X xor Y (bool), broadcast.")
+logical_not = _logical("logical_not", "logical_not", "Out = not X (bool).", unary=True)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import nestflow as nf
+from nestflow.core import standin
 from nestflow.errors import AttrError
 from nestflow.ops.debug import format_value
 from nestflow.ops.registry import get_op_def
@@ -88,6 +89,13 @@ def test_print_rejects_an_unknown_phase():
     x = L.data("x", [2], "float32")
     with pytest.raises(AttrError, match="print_phase must be one of"):
         L.Print(x, print_phase="sideways")
+
+
+def test_format_value_of_a_device_array_equals_the_hosts():
+    x = np.arange(30.0).reshape(5, 6)
+    for summarize in (4, -1):
+        shown = format_value("x", standin.xp.asarray(x), "m", summarize)
+        assert shown == format_value("x", x, "m", summarize)
 
 
 def test_format_value_of_a_non_tensor():
