@@ -2,11 +2,13 @@
 
 from nestflow.ops import (  # noqa: F401  (registers the ops)
     activation,
+    attention,
     block,
     clip,
     collective,
     conditional_block,
     constant,
+    crf,
     debug,
     decode,
     ifelse,
