@@ -8,7 +8,6 @@ from nestflow.ops import (  # noqa: F401  (registers the ops)
     collective,
     conditional_block,
     constant,
-    crf,
     debug,
     decode,
     ifelse,
