@@ -81,8 +81,12 @@ def _start_wait(grads, weight=None):
     return outs
 
 
+PLACES = [nf.CPUPlace(), StandInPlace(0)]
+
+
+@pytest.mark.parametrize("place", PLACES, ids=str)
 @pytest.mark.parametrize("weighted", [False, True])
-def test_start_and_wait_give_back_the_gradients_on_one_rank(weighted):
+def test_start_and_wait_give_back_the_gradients_on_one_rank(weighted, place):
     a = nf.data("a", [-1, 3], "float32")
     b = nf.data("b", [2], "float32")
     w = nf.data("w", [1], "int32") if weighted else None
@@ -92,7 +96,7 @@ def test_start_and_wait_give_back_the_gradients_on_one_rank(weighted):
     feed = {"a": rng.normal(size=(4, 3)).astype("float32"), "b": np.ones(2, "float32")}
     if weighted:
         feed["w"] = np.array([4], "int32")
-    got = nf.Executor().run(feed=feed, fetch_list=outs)
+    got = nf.Executor(place).run(feed=feed, fetch_list=outs)
     np.testing.assert_array_equal(got[0], feed["a"])
     np.testing.assert_array_equal(got[1], feed["b"])
 
@@ -105,16 +109,23 @@ def test_a_gradient_not_computed_contributes_zeros_of_its_parameters_shape():
     np.testing.assert_array_equal(out[1], np.ones(4))
     with pytest.raises(ExecutionError, match="not computed and no Param"):
         collective._start_average([None], [], None, CPU)
+    device = nf.device_context(StandInPlace(0))  # on a device: zeros of the device
+    (zeros,) = collective._start_average([None], [device.to_device(param)], None, device).wait(
+        [None]
+    )
+    assert device.owns(zeros)
+    np.testing.assert_array_equal(device.to_host(zeros), np.zeros((2, 3)))
 
 
-def test_the_check_of_layouts_gives_the_digest_on_one_rank():
+@pytest.mark.parametrize("place", PLACES, ids=str)
+def test_the_check_of_layouts_gives_the_digest_on_one_rank(place):
     import hashlib
 
     block = nf.default_main_program().global_block()
     digest = block.create_var("digest")
     block.append_op("c_check_layout", {}, {"Out": [digest]}, {"layout": "param w float32[2]"})
     assert tuple(digest.shape) == (32,) and digest.dtype == "uint8"
-    (got,) = nf.Executor().run(fetch_list=[digest])
+    (got,) = nf.Executor(place).run(fetch_list=[digest])
     assert got.tobytes() == hashlib.sha256(b"param w float32[2]").digest()
 
 
