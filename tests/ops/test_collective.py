@@ -110,9 +110,8 @@ def test_a_gradient_not_computed_contributes_zeros_of_its_parameters_shape():
     with pytest.raises(ExecutionError, match="not computed and no Param"):
         collective._start_average([None], [], None, CPU)
     device = nf.device_context(StandInPlace(0))  # on a device: zeros of the device
-    (zeros,) = collective._start_average([None], [device.to_device(param)], None, device).wait(
-        [None]
-    )
+    pending = collective._start_average([None], [device.to_device(param)], None, device)
+    (zeros,) = pending.wait([None])
     assert device.owns(zeros)
     np.testing.assert_array_equal(device.to_host(zeros), np.zeros((2, 3)))
 
