@@ -235,9 +235,9 @@ def round_trip(nf, place) -> str:
         exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
     (on_device,) = exe.run(main, feed={"x": xs}, fetch_list=[logits], scope=scope)
     with tempfile.TemporaryDirectory() as folder:
-        nf.io.save_inference_model(folder, ["x"], [logits], exe, main_program=main, scope=scope)
-        cpu, cpu_scope = nf.Executor(nf.CPUPlace()), nf.Scope()
-        program, feeds, fetches = nf.io.load_inference_model(folder, cpu, scope=cpu_scope)
+        nf.io.save_inference_model(folder, ["x"], [logits], main, scope)
+        cpu = nf.Executor(nf.CPUPlace())
+        program, feeds, fetches, cpu_scope = nf.io.load_inference_model(folder)
         (on_cpu,) = cpu.run(program, feed={feeds[0]: xs}, fetch_list=fetches, scope=cpu_scope)
         same = all(
             np.array_equal(

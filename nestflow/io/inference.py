@@ -35,6 +35,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
+from nestflow.core.place import Place
 from nestflow.core.scope import Scope
 from nestflow.errors import FeedError, FileWriteError, ParameterFileError, ProgramDecodeError
 from nestflow.executor.plan import BlockPlan
@@ -157,10 +158,11 @@ def save_inference_model(
 
 
 def load_inference_model(
-    dirname: str | os.PathLike, scope: Scope | None = None
+    dirname: str | os.PathLike, scope: Scope | None = None, place: Place | None = None
 ) -> tuple[Program, list[str], list[str], Scope]:
     """Read a model saved by save_inference_model: (program, feed names, fetch names, scope
-    holding its parameters). Run it with `Executor().run(program, feed=..., fetch_list=fetch,
+    holding its parameters on `place`, default the host; a model saved from any place loads on
+    any place). Run it with `Executor(place).run(program, feed=..., fetch_list=fetch,
     scope=scope)`.
 
     Raises ProgramDecodeError for a directory without a model, a model.json that is malformed
@@ -208,7 +210,7 @@ def load_inference_model(
     program = Program.from_bytes(contents["program"])
     tensors = decode_params(contents["params"], paths["params"])
     scope = scope if scope is not None else Scope()
-    set_params(scope, program, tensors, paths["params"])
+    set_params(scope, program, tensors, paths["params"], place=place)
     _remove_leftovers_if_idle(dirname)
     return program, list(meta["feed"]), list(meta["fetch"]), scope
 

@@ -15,6 +15,8 @@ import os
 import numpy as np
 import safetensors.numpy
 
+from nestflow.core.device_context import device_context
+from nestflow.core.place import Place, place_of
 from nestflow.core.scope import Scope
 from nestflow.core.tensor import Tensor
 from nestflow.errors import ParameterFileError, UninitializedError
@@ -51,8 +53,9 @@ def save_params(scope: Scope, program: Program, path: str | os.PathLike) -> None
     >>> with nf.program_guard(main, startup):
     ...     _ = nf.layers.fc(nf.data("x", [-1, 2]), 3, name="fc")
     >>> scope = nf.Scope(); _ = nf.Executor().run(startup, scope=scope)
-    >>> path = tempfile.mkdtemp() + "/params.safetensors"
-    >>> nf.io.save_params(scope, main, path); nf.io.load_params(nf.Scope(), main, path)
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     nf.io.save_params(scope, main, d + "/params.safetensors")
+    ...     nf.io.load_params(nf.Scope(), main, d + "/params.safetensors")
     """
     write_atomic(path, params_file_bytes(scope, program))
 
@@ -71,7 +74,7 @@ def params_file_bytes(
         if held is None:
             missing.append(var.name)
             continue
-        array = np.asarray(held)
+        array = place_of(held).to_host(held)  # a parameter on a GPU is copied to the host
         # Little-endian and contiguous: the bytes safetensors stores are the array's own.
         tensors[var.name] = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
     if missing:
@@ -138,9 +141,15 @@ def decode_params(data: bytes, path: str | os.PathLike) -> dict[str, np.ndarray]
 
 
 def load_params(
-    scope: Scope, program: Program, path: str | os.PathLike, strict: bool = True
+    scope: Scope,
+    program: Program,
+    path: str | os.PathLike,
+    strict: bool = True,
+    place: Place | None = None,
 ) -> None:
-    """Set `program`'s persistable variables in `scope` from the safetensors file at `path`.
+    """Set `program`'s persistable variables in `scope` from the safetensors file at `path`,
+    on `place` (default: the host; an executor of another place moves them there on its first
+    run).
 
     Every problem is reported at once, and nothing is set unless all tensors fit: a
     ParameterFileError names a file that is unreadable or fails its checksum, tensors the
@@ -164,7 +173,7 @@ def load_params(
     ...                exe.run(feed=feed, fetch_list=[y])[0])
     True
     """
-    set_params(scope, program, read_params(path), path, strict)
+    set_params(scope, program, read_params(path), path, strict, place)
 
 
 def set_params(
@@ -173,6 +182,7 @@ def set_params(
     tensors: dict[str, np.ndarray],
     path: str | os.PathLike,
     strict: bool = True,
+    place: Place | None = None,
 ) -> None:
     """load_params, with the file's tensors already read (`path` names the file in errors)."""
     wanted = {v.name: v for v in persistable_vars(program)}
@@ -203,9 +213,12 @@ def set_params(
         raise ParameterFileError(
             f"parameter file '{path}' does not fit the program: " + "; ".join(problems)
         )
+    to_device = device_context(place).to_device
     for name in wanted:
         # A copy: arrays parsed from the file are read-only views of its bytes.
-        scope.var(name).get_mutable(Tensor)._array = np.array(tensors[name])
+        tensor = scope.var(name).get_mutable(Tensor)
+        tensor._array = to_device(np.array(tensors[name]))
+        tensor.place = place_of(tensor._array)
 
 
 __all__ = [

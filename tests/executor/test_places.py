@@ -241,11 +241,18 @@ def test_parameters_made_on_the_device_load_on_the_cpu(tmp_path):
     exe.run(startup, scope=scope)
     xs = np.arange(6.0, dtype="float32").reshape(2, 3)
     (want,) = exe.run(main, feed={"x": xs}, fetch_list=[y], scope=scope)
-    nf.io.save_inference_model(str(tmp_path), ["x"], [y], exe, main_program=main, scope=scope)
+    nf.io.save_inference_model(str(tmp_path), ["x"], [y], main, scope)
     cpu_exe = nf.Executor(nf.CPUPlace())
-    program, feeds, fetches = nf.io.load_inference_model(str(tmp_path), cpu_exe)
-    (got,) = cpu_exe.run(program, feed={feeds[0]: xs}, fetch_list=fetches)
+    program, feeds, fetches, cpu_scope = nf.io.load_inference_model(str(tmp_path))
+    (got,) = cpu_exe.run(program, feed={feeds[0]: xs}, fetch_list=fetches, scope=cpu_scope)
     np.testing.assert_array_equal(got, want)
+    # and back onto the device, loaded there directly
+    program, feeds, fetches, dev_scope = nf.io.load_inference_model(
+        str(tmp_path), place=StandInPlace(0)
+    )
+    assert dev_scope.find_var("fc_0.w").get(nf.Tensor).place == StandInPlace(0)
+    (again,) = exe.run(program, feed={feeds[0]: xs}, fetch_list=fetches, scope=dev_scope)
+    np.testing.assert_array_equal(again, want)
 
 
 def test_dlpack_shares_memory_with_pytorch():
