@@ -52,12 +52,12 @@ def _infer_loss_shape(
     return loss_shape
 
 
-def _class_ids(label: np.ndarray, x: np.ndarray, axis: int, ignore_index: int):
+def _class_ids(label, x, axis: int, ignore_index: int, xp):
     """(ids, ignored): label with the class axis kept as size 1 and ignored rows set to 0, and
     the mask of ignored rows (None when no row is ignored). Raises ExecutionError for ids
     outside [0, C)."""
     if label.ndim < x.ndim:
-        label = np.expand_dims(label, axis)
+        label = xp.expand_dims(label, axis)
     if label.shape != x.shape[:axis] + (1,) + x.shape[axis + 1 :]:
         # Known dims are checked when the op is appended; -1 ones (a batch) only here.
         raise ShapeError(
@@ -66,29 +66,31 @@ def _class_ids(label: np.ndarray, x: np.ndarray, axis: int, ignore_index: int):
         )
     classes = x.shape[axis]
     if label.size:
-        low, high = label.min(), label.max()
+        # Read on the host: a device indexes out-of-range ids without failing (CuPy wraps
+        # them), so the range check that gives the error is made here.
+        low, high = int(label.min()), int(label.max())
         if 0 <= low and high < classes and not low <= ignore_index <= high:
             return label, None  # the common case, checked with two reductions
     ignored = label == ignore_index
     bad = ~ignored & ((label < 0) | (label >= classes))
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+    if bool(bad.any()):  # a host read, as above (only when ids fall outside [0, C))
+        at = tuple(xp.argwhere(bad)[0].tolist())
         raise ExecutionError(
             f"Label holds {int(label[at])} at {list(at)}, outside the {classes} classes "
             f"[0, {classes}) (ignore_index={ignore_index})"
         )
-    return np.where(ignored, 0, label), ignored
+    return xp.where(ignored, 0, label), ignored
 
 
-def _pick(x: np.ndarray, ids: np.ndarray, axis: int) -> np.ndarray:
+def _pick(x, ids, axis: int, xp):
     """x's entries at class `ids` along `axis` (ids shaped like x with that axis 1)."""
     if x.ndim == 2 and axis == 1:
-        return x[np.arange(x.shape[0]), ids[:, 0]].reshape(-1, 1)
-    return np.take_along_axis(x, ids, axis=axis)
+        return x[xp.arange(x.shape[0]), ids[:, 0]].reshape(-1, 1)
+    return xp.take_along_axis(x, ids, axis=axis)
 
 
-def _unless_ignored(values: np.ndarray, ignored: np.ndarray | None) -> np.ndarray:
-    return values if ignored is None else np.where(ignored, values.dtype.type(0), values)
+def _unless_ignored(values, ignored, xp):
+    return values if ignored is None else xp.where(ignored, values.dtype.type(0), values)
 
 
 @register_op
@@ -103,21 +105,22 @@ class cross_entropy:
     def infer(X, Label, soft_label, ignore_index):
         return VarInfo(_infer_loss_shape(X, Label, soft_label, -1, "X"), X.dtype)
 
-    def forward(X, Label, soft_label, ignore_index):
+    def forward(X, Label, soft_label, ignore_index, xp):
         with np.errstate(divide="ignore", invalid="ignore"):
             if soft_label:
-                return -(Label * np.log(X)).sum(axis=-1, keepdims=True)
-            ids, ignored = _class_ids(Label, X, X.ndim - 1, ignore_index)
-            return _unless_ignored(-np.log(_pick(X, ids, X.ndim - 1)), ignored)
+                return -(Label * xp.log(X)).sum(axis=-1, keepdims=True)
+            ids, ignored = _class_ids(Label, X, X.ndim - 1, ignore_index, xp)
+            return _unless_ignored(-xp.log(_pick(X, ids, X.ndim - 1, xp)), ignored, xp)
 
-    def backward(X, Label, Y, Y_grad, soft_label, ignore_index):
+    def backward(X, Label, Y, Y_grad, soft_label, ignore_index, xp):
         if soft_label:
             return (-Y_grad * Label / X,)
-        ids, ignored = _class_ids(Label, X, X.ndim - 1, ignore_index)
-        picked = _pick(X, ids, X.ndim - 1)
-        dx = np.zeros_like(X)
+        ids, ignored = _class_ids(Label, X, X.ndim - 1, ignore_index, xp)
+        picked = _pick(X, ids, X.ndim - 1, xp)
+        dx = xp.zeros_like(X)
         with np.errstate(divide="ignore", invalid="ignore"):
-            np.put_along_axis(dx, ids, _unless_ignored(-Y_grad / picked, ignored), axis=-1)
+            grad = _unless_ignored(-Y_grad / picked, ignored, xp)
+            xp.put_along_axis(dx, ids, grad, axis=-1)
         return (dx,)
 
 
@@ -136,36 +139,36 @@ class softmax_with_cross_entropy:
         loss_shape = _infer_loss_shape(Logits, Label, soft_label, axis, "Logits")
         return VarInfo(Logits.shape, Logits.dtype), VarInfo(loss_shape, Logits.dtype)
 
-    def forward(Logits, Label, soft_label, axis, ignore_index):
+    def forward(Logits, Label, soft_label, axis, ignore_index, xp):
         axis %= Logits.ndim
         shifted = Logits - Logits.max(axis=axis, keepdims=True)
-        exp = np.exp(shifted)
+        exp = xp.exp(shifted)
         total = exp.sum(axis=axis, keepdims=True)
-        softmax = np.divide(exp, total, out=exp)
-        log_total = np.log(total)
+        softmax = xp.divide(exp, total, out=exp)
+        log_total = xp.log(total)
         if soft_label:
             loss = -(Label * (shifted - log_total)).sum(axis=axis, keepdims=True)
         else:
-            ids, ignored = _class_ids(Label, Logits, axis, ignore_index)
-            loss = _unless_ignored(log_total - _pick(shifted, ids, axis), ignored)
+            ids, ignored = _class_ids(Label, Logits, axis, ignore_index, xp)
+            loss = _unless_ignored(log_total - _pick(shifted, ids, axis, xp), ignored, xp)
         return softmax, loss
 
     def backward(
-        Logits, Label, Softmax, Loss, Softmax_grad, Loss_grad, soft_label, axis, ignore_index
+        Logits, Label, Softmax, Loss, Softmax_grad, Loss_grad, soft_label, axis, ignore_index, xp
     ):
         axis %= Logits.ndim
         if Loss_grad is None:
-            grad = np.zeros_like(Logits)
+            grad = xp.zeros_like(Logits)
         elif soft_label:
             # Exact for any Label, not only distributions summing to 1.
             total = Label.sum(axis=axis, keepdims=True)
             grad = (Softmax * total - Label) * Loss_grad
         else:
             # (softmax - one_hot(label)) * dLoss, ignored rows zero.
-            ids, ignored = _class_ids(Label, Logits, axis, ignore_index)
+            ids, ignored = _class_ids(Label, Logits, axis, ignore_index, xp)
             grad = Softmax.copy()
-            np.put_along_axis(grad, ids, _pick(grad, ids, axis) - 1, axis=axis)
-            grad *= _unless_ignored(np.broadcast_to(Loss_grad, ids.shape), ignored)
+            xp.put_along_axis(grad, ids, _pick(grad, ids, axis, xp) - 1, axis=axis)
+            grad *= _unless_ignored(xp.broadcast_to(Loss_grad, ids.shape), ignored, xp)
         if Softmax_grad is not None:
             inner = (Softmax_grad * Softmax).sum(axis=axis, keepdims=True)
             grad += Softmax * (Softmax_grad - inner)
@@ -189,11 +192,11 @@ class accuracy:
         _infer_loss_shape(X, Label, False, -1, "X")
         return VarInfo((), "float32")
 
-    def forward(X, Label, k):
-        top = np.argsort(-X, axis=1, kind="stable")[:, :k]
+    def forward(X, Label, k, xp):
+        top = xp.argsort(-X, axis=1, kind="stable")[:, :k]
         hits = (top == Label.reshape(-1, 1)).any(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.asarray(np.float32(hits.sum()) / np.float32(len(hits)))
+            return xp.asarray(hits.sum().astype(np.float32) / np.float32(len(hits)))
 
 
 # ---- regression and binary losses (Fluid 1.8 ops); labels, targets and weights get no
@@ -225,24 +228,25 @@ class sigmoid_cross_entropy_with_logits:
         _same_shape(X, Label, "X", "Label")
         return X
 
-    def forward(X, Label, ignore_index, normalize):
-        loss = np.maximum(X, 0) - X * Label + np.log1p(np.exp(-np.absolute(X)))
-        return _ignored_and_normalized(loss, Label, ignore_index, normalize)
+    def forward(X, Label, ignore_index, normalize, xp):
+        loss = xp.maximum(X, 0) - X * Label + xp.log1p(xp.exp(-xp.absolute(X)))
+        return _ignored_and_normalized(loss, Label, ignore_index, normalize, xp)
 
-    def backward(X, Label, Out, Out_grad, ignore_index, normalize):
-        sigmoid = (np.tanh(X * 0.5) + 1) * np.asarray(0.5, X.dtype)
+    def backward(X, Label, Out, Out_grad, ignore_index, normalize, xp):
+        sigmoid = (xp.tanh(X * 0.5) + 1) * xp.asarray(0.5, X.dtype)
         grad = (sigmoid - Label) * Out_grad
-        return (_ignored_and_normalized(grad, Label, ignore_index, normalize),)
+        return (_ignored_and_normalized(grad, Label, ignore_index, normalize, xp),)
 
 
-def _ignored_and_normalized(values, label, ignore_index: int, normalize: bool) -> np.ndarray:
+def _ignored_and_normalized(values, label, ignore_index: int, normalize: bool, xp):
     """`values` zero where trunc(label) == ignore_index, divided by the count of the others
-    when `normalize` (Fluid's kernel: the label cast to int)."""
-    ignored = np.trunc(label) == ignore_index
-    values = np.where(ignored, values.dtype.type(0), values)
+    (at least 1) when `normalize` (Fluid's kernel: the label cast to int)."""
+    ignored = xp.trunc(label) == ignore_index
+    values = xp.where(ignored, values.dtype.type(0), values)
     if normalize:
-        values = values / values.dtype.type(max(int(ignored.size - ignored.sum()), 1))
-    return np.asarray(values)
+        kept = xp.maximum(ignored.size - ignored.sum(), 1)  # on the device: no host read
+        values = values / kept.astype(values.dtype)
+    return xp.asarray(values)
 
 
 @register_op
@@ -259,17 +263,17 @@ class huber_loss:
             raise AttrError(f"delta must be >= 0, got {delta}")
         return X, X
 
-    def forward(X, Y, delta):
+    def forward(X, Y, delta, xp):
         residual = Y - X
-        size = np.absolute(residual)
+        size = xp.absolute(residual)
         quadratic = 0.5 * residual * residual
         linear = delta * (size - 0.5 * delta)
-        return residual, np.asarray(np.where(size <= delta, quadratic, linear), X.dtype)
+        return residual, xp.asarray(xp.where(size <= delta, quadratic, linear), X.dtype)
 
-    def backward(X, Y, Residual, Out, Residual_grad, Out_grad, delta):
-        grad = np.zeros_like(Residual) if Residual_grad is None else Residual_grad.copy()
+    def backward(X, Y, Residual, Out, Residual_grad, Out_grad, delta, xp):
+        grad = xp.zeros_like(Residual) if Residual_grad is None else Residual_grad.copy()
         if Out_grad is not None:
-            slope = np.where(np.absolute(Residual) <= delta, Residual, delta * np.sign(Residual))
+            slope = xp.where(xp.absolute(Residual) <= delta, Residual, delta * xp.sign(Residual))
             grad += slope * Out_grad
         return -grad, grad
 
@@ -295,21 +299,21 @@ class smooth_l1_loss:
             _same_shape(X, OutsideWeight, "X", "OutsideWeight")
         return X, VarInfo((X.shape[0], 1), X.dtype)
 
-    def forward(X, Y, InsideWeight, OutsideWeight, sigma):
+    def forward(X, Y, InsideWeight, OutsideWeight, sigma, xp):
         diff = X - Y if InsideWeight is None else (X - Y) * InsideWeight
         s2 = sigma * sigma
-        size = np.absolute(diff)
-        errors = np.where(size < 1.0 / s2, 0.5 * s2 * diff * diff, size - 0.5 / s2)
+        size = xp.absolute(diff)
+        errors = xp.where(size < 1.0 / s2, 0.5 * s2 * diff * diff, size - 0.5 / s2)
         if OutsideWeight is not None:
             errors = errors * OutsideWeight
         rows = errors.reshape(X.shape[0], -1) if X.size else errors.reshape(X.shape[0], 0)
-        return diff, np.asarray(rows.sum(axis=1, keepdims=True), X.dtype)
+        return diff, xp.asarray(rows.sum(axis=1, keepdims=True), X.dtype)
 
-    def backward(X, Y, InsideWeight, OutsideWeight, Diff, Out, Diff_grad, Out_grad, sigma):
-        grad = np.zeros_like(Diff) if Diff_grad is None else Diff_grad.copy()
+    def backward(X, Y, InsideWeight, OutsideWeight, Diff, Out, Diff_grad, Out_grad, sigma, xp):
+        grad = xp.zeros_like(Diff) if Diff_grad is None else Diff_grad.copy()
         if Out_grad is not None:
             s2 = sigma * sigma
-            slope = np.where(np.absolute(Diff) < 1.0 / s2, s2 * Diff, np.sign(Diff))
+            slope = xp.where(xp.absolute(Diff) < 1.0 / s2, s2 * Diff, xp.sign(Diff))
             if OutsideWeight is not None:
                 slope = slope * OutsideWeight
             grad += slope * Out_grad.reshape((X.shape[0],) + (1,) * (X.ndim - 1))
@@ -331,14 +335,14 @@ class log_loss:
         _same_shape(Predicted, Labels, "Predicted", "Labels")
         return Predicted
 
-    def forward(Predicted, Labels, epsilon):
+    def forward(Predicted, Labels, epsilon, xp):
         p, y = Predicted, Labels
-        return np.asarray(-y * np.log(p + epsilon) - (1 - y) * np.log(1 - p + epsilon), p.dtype)
+        return xp.asarray(-y * xp.log(p + epsilon) - (1 - y) * xp.log(1 - p + epsilon), p.dtype)
 
-    def backward(Predicted, Labels, Loss, Loss_grad, epsilon):
+    def backward(Predicted, Labels, Loss, Loss_grad, epsilon, xp):
         p, y = Predicted, Labels
         slope = -y / (p + epsilon) + (1 - y) / (1 - p + epsilon)
-        return (np.asarray(Loss_grad * slope, p.dtype),)
+        return (xp.asarray(Loss_grad * slope, p.dtype),)
 
 
 _KLDIV_REDUCTIONS = ("none", "batchmean", "mean", "sum")
@@ -364,20 +368,20 @@ class kldiv_loss:
             fail("batchmean needs X of rank >= 1 (its first dim is the batch)")
         return X if reduction == "none" else VarInfo((), X.dtype)
 
-    def forward(X, Target, reduction):
+    def forward(X, Target, reduction, xp):
         positive = Target > 0
-        safe_log = np.log(np.where(positive, Target, 1))
-        pointwise = np.where(positive, Target * (safe_log - X), 0).astype(X.dtype)
+        safe_log = xp.log(xp.where(positive, Target, 1))
+        pointwise = xp.where(positive, Target * (safe_log - X), 0).astype(X.dtype)
         if reduction == "none":
             return pointwise
         total = pointwise.sum(dtype=X.dtype)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.asarray(total / _kldiv_count(X, reduction), X.dtype)
+            return xp.asarray(total / _kldiv_count(X, reduction), X.dtype)
 
-    def backward(X, Target, Loss, Loss_grad, reduction):
-        grad = np.where(Target > 0, -Target, 0) * Loss_grad
+    def backward(X, Target, Loss, Loss_grad, reduction, xp):
+        grad = xp.where(Target > 0, -Target, 0) * Loss_grad
         with np.errstate(invalid="ignore", divide="ignore"):
-            return (np.asarray(grad / _kldiv_count(X, reduction), X.dtype),)
+            return (xp.asarray(grad / _kldiv_count(X, reduction), X.dtype),)
 
 
 def _kldiv_count(X: np.ndarray, reduction: str) -> float:

@@ -4,10 +4,13 @@ numeric gradients w.r.t. the scores, never the labels."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 import nestflow as nf
+from nestflow.core.place import StandInPlace
 from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
 from tests.ops.harness import OpCase, case_id
 
@@ -336,13 +339,19 @@ def test_unknown_batch_dims_are_accepted_and_loss_shape_inferred():
     assert L.accuracy(sm, y).shape == ()
 
 
-def test_label_outside_the_classes_fails_at_run_time_naming_it():
+@pytest.mark.parametrize("place", [nf.CPUPlace(), StandInPlace(0)], ids=str)
+@pytest.mark.parametrize("bad", [3, -1])
+def test_label_outside_the_classes_fails_at_run_time_naming_it(place, bad):
+    # A device wraps out-of-range ids (CuPy does): the kernels check them themselves.
     p = L.data("p", [-1, 3], "float64")
     y = L.data("y", [-1, 1], "int64")
     loss = L.cross_entropy(p, y)
-    feed = {"p": probs(2, 3), "y": np.array([[0], [3]])}
-    with pytest.raises(ExecutionError, match=r"Label holds 3 at \[1, 0\], outside the 3 classes"):
-        nf.Executor().run(feed=feed, fetch_list=[loss])
+    (grad,) = nf.gradients(L.mean(loss), [p])
+    feed = {"p": probs(2, 3), "y": np.array([[0], [bad]])}
+    message = re.escape(f"Label holds {bad} at [1, 0], outside the 3 classes")
+    for fetch in ([loss], [grad]):
+        with pytest.raises(ExecutionError, match=message):
+            nf.Executor(place).run(feed=feed, fetch_list=fetch)
 
 
 def test_accuracy_k_must_be_positive():
