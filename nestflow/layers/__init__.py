@@ -5,6 +5,8 @@ from nestflow.layers.cond import *  # noqa: F403
 from nestflow.layers.cond import __all__ as _cond_all
 from nestflow.layers.control_flow import *  # noqa: F403
 from nestflow.layers.control_flow import __all__ as _control_flow_all
+from nestflow.layers.crf import *  # noqa: F403
+from nestflow.layers.crf import __all__ as _crf_all
 from nestflow.layers.decode import *  # noqa: F403
 from nestflow.layers.decode import __all__ as _decode_all
 from nestflow.layers.initializer import ParamAttr
@@ -65,6 +67,7 @@ __all__ = [
     *_sequence_all,
     *_cond_all,
     *_decode_all,
+    *_crf_all,
 ]
 _export_checked()
 
