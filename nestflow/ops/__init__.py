@@ -24,6 +24,7 @@ from nestflow.ops import (  # noqa: F401  (registers the ops)
     rnn_unit,
     schedule,
     sequence,
+    softmax_norms,
     tensor,
     while_loop,
 )
