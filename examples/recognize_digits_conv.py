@@ -74,17 +74,21 @@ def main(epochs: int = 12, batch_size: int = 32) -> float:
             f"test accuracy {float(test_acc):.2%}"
         )
 
-    model_dir = tempfile.mkdtemp(prefix="recognize-digits-conv-")
-    nf.io.save_inference_model(model_dir, ["img"], [prediction], main_program, scope)
-    program, feed_names, fetch_names, model_scope = nf.io.load_inference_model(model_dir)
-    (probabilities,) = exe.run(
-        program, feed={feed_names[0]: data.test_x[:8]}, fetch_list=fetch_names, scope=model_scope
-    )
-    print(f"inference model saved to {model_dir} and reloaded")
-    print(
-        f"first 8 held-out digits: predicted {probabilities.argmax(axis=1).tolist()}, "
-        f"labels {data.test_y[:8].ravel().tolist()}"
-    )
+    # Saved only to show the reload: the folder is removed once the model has been reloaded.
+    with tempfile.TemporaryDirectory(prefix="recognize-digits-conv-") as model_dir:
+        nf.io.save_inference_model(model_dir, ["img"], [prediction], main_program, scope)
+        program, feed_names, fetch_names, model_scope = nf.io.load_inference_model(model_dir)
+        (probabilities,) = exe.run(
+            program,
+            feed={feed_names[0]: data.test_x[:8]},
+            fetch_list=fetch_names,
+            scope=model_scope,
+        )
+        print(f"inference model saved to {model_dir} and reloaded")
+        print(
+            f"first 8 held-out digits: predicted {probabilities.argmax(axis=1).tolist()}, "
+            f"labels {data.test_y[:8].ravel().tolist()}"
+        )
     return float(test_acc)
 
 

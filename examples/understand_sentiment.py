@@ -63,21 +63,22 @@ def main(epochs: int = 3, train_size: int = 4000) -> float:
             f"test accuracy {float(test_acc):.2%}"
         )
 
-    model_dir = tempfile.mkdtemp(prefix="understand-sentiment-")
-    nf.io.save_inference_model(model_dir, ["ids", "lengths"], [prediction], main_program, scope)
-    program, feed_names, fetch_names, model_scope = nf.io.load_inference_model(model_dir)
-    first = feed_of(test_data, slice(0, 8))
-    (probabilities,) = exe.run(
-        program,
-        feed={name: first[name] for name in feed_names},
-        fetch_list=fetch_names,
-        scope=model_scope,
-    )
-    print(f"inference model saved to {model_dir} and reloaded")
-    print(
-        f"first 8 held-out reviews: predicted {probabilities.argmax(axis=1).tolist()}, "
-        f"labels {test_data.labels[:8].ravel().tolist()}"
-    )
+    # Saved only to show the reload: the folder is removed once the model has been reloaded.
+    with tempfile.TemporaryDirectory(prefix="understand-sentiment-") as model_dir:
+        nf.io.save_inference_model(model_dir, ["ids", "lengths"], [prediction], main_program, scope)
+        program, feed_names, fetch_names, model_scope = nf.io.load_inference_model(model_dir)
+        first = feed_of(test_data, slice(0, 8))
+        (probabilities,) = exe.run(
+            program,
+            feed={name: first[name] for name in feed_names},
+            fetch_list=fetch_names,
+            scope=model_scope,
+        )
+        print(f"inference model saved to {model_dir} and reloaded")
+        print(
+            f"first 8 held-out reviews: predicted {probabilities.argmax(axis=1).tolist()}, "
+            f"labels {test_data.labels[:8].ravel().tolist()}"
+        )
     return float(test_acc)
 
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
@@ -116,9 +118,14 @@ class Worker:
     def __init__(self, script: str = _WORKER, cwd: Path = ROOT):
         self.process: subprocess.Popen | None = None
         self.script, self.cwd = script, cwd
+        self.temp: str | None = None
 
     def _start(self) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        # A killed worker cleans up nothing: its scratch folders go in a temp folder of its own
+        # that close() removes, so the run leaves nothing in the system's temp folder.
+        self.temp = tempfile.mkdtemp(prefix="nestflow-fuzz-worker-")
+        env["TMPDIR"] = self.temp
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         self.process = subprocess.Popen(
             [sys.executable, "-c", self.script],
@@ -154,6 +161,9 @@ class Worker:
             self.process.kill()
             self.process.wait()
             self.process = None
+        if self.temp is not None:
+            shutil.rmtree(self.temp, ignore_errors=True)
+            self.temp = None
 
 
 # ---- the models fuzzed ----
