@@ -13,11 +13,14 @@ string of fc and the elementwise layers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from nestflow.errors import DTypeError, ShapeError
 from nestflow.framework.program import VarDesc
-from nestflow.layers.helper import append_op, as_float
-from nestflow.layers.nn import _binary, activation
+from nestflow.layers.helper import append_op, as_float, as_int, layer_error
+from nestflow.layers.nn import _binary, _compare, activation, fill_constant
+from nestflow.layers.tensor import _reduce
 
 __all__ = [
     "exp",
@@ -37,6 +40,19 @@ __all__ = [
     "elementwise_max",
     "elementwise_min",
     "elementwise_pow",
+    "log_softmax",
+    "reduce_logsumexp",
+    "logsumexp",
+    "l2_normalize",
+    "cos_sim",
+    "masked_fill",
+    "greater_equal",
+    "less_equal",
+    "not_equal",
+    "zeros",
+    "ones",
+    "zeros_like",
+    "ones_like",
 ]
 
 
@@ -246,3 +262,187 @@ def elementwise_pow(
     array([[8., 9.]], dtype=float32)
     """
     return activation(_binary("elementwise_pow", x, y, axis, name), act)
+
+
+# ---- log-space math, norms, masks, comparisons, constants (issue 30) ----
+
+
+def log_softmax(x: VarDesc, axis: int = -1, name: str | None = None) -> VarDesc:
+    """log(softmax(x)) along `axis`, computed as x - logsumexp(x) (float; never overflows).
+    ShapeError for an axis outside x, DTypeError for a non-float x.
+
+    >>> x = nf.data("x", [-1, 2])
+    >>> out = nf.layers.log_softmax(x)
+    >>> nf.Executor().run(feed={"x": np.zeros((1, 2), "float32")}, fetch_list=[out])[0].round(4)
+    array([[-0.6931, -0.6931]], dtype=float32)
+    """
+    return append_op(
+        "log_softmax", {"X": x}, {"axis": as_int(axis, "log_softmax: axis")}, name=name
+    )
+
+
+def reduce_logsumexp(
+    input: VarDesc, dim: Any = None, keep_dim: bool = False, name: str | None = None
+) -> VarDesc:
+    """log(sum(exp(input))) over `dim` (an int or list; None: every dim, a 0-d result),
+    computed from input - max; `keep_dim` keeps the reduced dims as 1. Only -inf (or nothing)
+    reduced gives -inf. ShapeError for a dim outside the input.
+
+    >>> x = nf.data("x", [-1, 3])
+    >>> out = nf.layers.reduce_logsumexp(x, dim=1)
+    >>> nf.Executor().run(feed={"x": np.zeros((2, 3), "float32")}, fetch_list=[out])[0].round(4)
+    array([1.0986, 1.0986], dtype=float32)
+    """
+    return _reduce("logsumexp", input, dim, keep_dim, name)
+
+
+def logsumexp(
+    x: VarDesc, dim: Any = None, keepdim: bool = False, name: str | None = None
+) -> VarDesc:
+    """reduce_logsumexp under Paddle's `paddle.logsumexp(x, dim, keepdim)` spelling.
+
+    >>> x = nf.data("x", [2, 3])
+    >>> nf.layers.logsumexp(x, dim=-1, keepdim=True).shape
+    (2, 1)
+    """
+    return _reduce("logsumexp", x, dim, keepdim, name)
+
+
+def l2_normalize(x: VarDesc, axis: int, epsilon: float = 1e-12, name: str | None = None) -> VarDesc:
+    """x / sqrt(sum(x ** 2 along `axis`) + epsilon), Fluid's l2_normalize (the `norm` op);
+    shaped like x (float). ShapeError for an axis outside x.
+
+    >>> x = nf.data("x", [-1, 2])
+    >>> out = nf.layers.l2_normalize(x, axis=1)
+    >>> nf.Executor().run(feed={"x": np.array([[3.0, 4.0]], "float32")}, fetch_list=[out])[0]
+    array([[0.6, 0.8]], dtype=float32)
+    """
+    axis = as_int(axis, "l2_normalize: axis")
+    if x.ndim and axis < 0:
+        axis += x.ndim  # Fluid's layer resolves a negative axis before the op sees it
+    attrs = {"axis": axis, "epsilon": as_float(epsilon, "l2_normalize: epsilon")}
+    out, _norm = append_op("norm", {"X": x}, attrs, outputs=("Out", "Norm"), name=name)
+    return out
+
+
+def cos_sim(X: VarDesc, Y: VarDesc) -> VarDesc:
+    """The cosine similarity [N, 1] of the rows of X [N, ...] with those of Y [N, ...], or with
+    Y's one row ([1, ...]); rows are flattened (Fluid's cos_sim). A zero row gives NaN, as in
+    Fluid. ShapeError for rows of different sizes or counts, DTypeError for non-float inputs.
+
+    >>> x, y = nf.data("x", [-1, 2]), nf.data("y", [1, 2])
+    >>> out = nf.layers.cos_sim(x, y)
+    >>> nf.Executor().run(feed={"x": np.array([[1.0, 0.0], [1.0, 1.0]], "float32"),
+    ...     "y": np.array([[1.0, 0.0]], "float32")}, fetch_list=[out])[0].round(4)
+    array([[1.    ],
+           [0.7071]], dtype=float32)
+    """
+    out, _x_norm, _y_norm = append_op(
+        "cos_sim", {"X": X, "Y": Y}, outputs=("Out", "XNorm", "YNorm")
+    )
+    return out
+
+
+def masked_fill(x: VarDesc, mask: VarDesc, value: float, name: str | None = None) -> VarDesc:
+    """x with `value` where the bool `mask` (broadcastable to x) is True (one `where` op;
+    the gradient reaches x where mask is False). ShapeError when mask does not broadcast to
+    x's shape, DTypeError for a non-bool mask.
+
+    >>> x, mask = nf.data("x", [-1, 3]), nf.data("mask", [3], "bool")
+    >>> out = nf.layers.masked_fill(x, mask, float("-inf"))
+    >>> nf.Executor().run(feed={"x": np.ones((1, 3), "float32"),
+    ...     "mask": np.array([False, True, False])}, fetch_list=[out])[0]
+    array([[  1., -inf,   1.]], dtype=float32)
+    """
+    if not isinstance(mask, VarDesc) or mask.dtype != "bool":
+        what = mask.dtype if isinstance(mask, VarDesc) else type(mask).__name__
+        raise layer_error(DTypeError, "masked_fill", f"mask must be a bool variable, got {what}")
+    if mask.ndim > x.ndim or any(
+        m not in (1, d) and m >= 0 and d >= 0
+        for m, d in zip(reversed(mask.shape), reversed(x.shape))
+    ):
+        raise layer_error(
+            ShapeError,
+            "masked_fill",
+            f"mask '{mask.name}' {list(mask.shape)} does not broadcast to x '{x.name}' "
+            f"{list(x.shape)}",
+        )
+    fill = fill_constant([1], x.dtype, as_float(value, "masked_fill: value"))
+    return append_op("where", {"Condition": mask, "X": fill, "Y": x}, name=name)
+
+
+def greater_equal(x: VarDesc, y: Any, cond: VarDesc | None = None, name=None) -> VarDesc:
+    """x >= y elementwise (bool, no gradient); y may be a number; written into `cond` when
+    given.
+
+    >>> x = nf.data("x", [-1])
+    >>> out = nf.layers.greater_equal(x, 1.0)
+    >>> nf.Executor().run(feed={"x": np.array([0, 1], "float32")}, fetch_list=[out])[0]
+    array([False,  True])
+    """
+    return _compare("greater_equal", x, y, cond, name)
+
+
+def less_equal(x: VarDesc, y: Any, cond: VarDesc | None = None, name=None) -> VarDesc:
+    """x <= y elementwise (bool, no gradient); y may be a number; written into `cond` when
+    given.
+
+    >>> x = nf.data("x", [-1])
+    >>> out = nf.layers.less_equal(x, 1.0)
+    >>> nf.Executor().run(feed={"x": np.array([1, 2], "float32")}, fetch_list=[out])[0]
+    array([ True, False])
+    """
+    return _compare("less_equal", x, y, cond, name)
+
+
+def not_equal(x: VarDesc, y: Any, cond: VarDesc | None = None, name=None) -> VarDesc:
+    """x != y elementwise (bool, no gradient); y may be a number; written into `cond` when
+    given.
+
+    >>> x = nf.data("x", [-1], "int64")
+    >>> out = nf.layers.not_equal(x, 2)
+    >>> nf.Executor().run(feed={"x": np.array([1, 2])}, fetch_list=[out])[0]
+    array([ True, False])
+    """
+    return _compare("not_equal", x, y, cond, name)
+
+
+def zeros(shape: Sequence[int], dtype: Any, force_cpu: bool = False) -> VarDesc:
+    """A tensor of `shape` (known dims) filled with 0 (Fluid's zeros; `force_cpu` is accepted
+    and ignored: there is one place per run).
+
+    >>> nf.Executor().run(fetch_list=[nf.layers.zeros([2], "int64")])[0]
+    array([0, 0])
+    """
+    return fill_constant(shape, dtype, 0.0)
+
+
+def ones(shape: Sequence[int], dtype: Any, force_cpu: bool = False) -> VarDesc:
+    """A tensor of `shape` (known dims) filled with 1 (Fluid's ones).
+
+    >>> nf.Executor().run(fetch_list=[nf.layers.ones([2], "float32")])[0]
+    array([1., 1.], dtype=float32)
+    """
+    return fill_constant(shape, dtype, 1.0)
+
+
+def zeros_like(x: VarDesc, out: VarDesc | None = None) -> VarDesc:
+    """Zeros of x's shape (unknown dims included) and dtype; written into `out` when given.
+
+    >>> x = nf.data("x", [-1, 2])
+    >>> nf.Executor().run(feed={"x": np.ones((1, 2), "float32")},
+    ...     fetch_list=[nf.layers.zeros_like(x)])[0]
+    array([[0., 0.]], dtype=float32)
+    """
+    return append_op("fill_zeros_like", {"X": x}, out=out, stop_gradient=True)
+
+
+def ones_like(x: VarDesc, out: VarDesc | None = None) -> VarDesc:
+    """Ones of x's shape (unknown dims included) and dtype; written into `out` when given.
+
+    >>> x = nf.data("x", [-1, 2], "int64")
+    >>> nf.Executor().run(feed={"x": np.zeros((1, 2), "int64")},
+    ...     fetch_list=[nf.layers.ones_like(x)])[0]
+    array([[1, 1]])
+    """
+    return append_op("fill_any_like", {"X": x}, {"value": 1.0}, out=out, stop_gradient=True)

@@ -1,5 +1,6 @@
-"""`+ - * / @`, unary minus and Python indexing (`x[1:3, :, 0]`, `x[::-1]`, `x[..., None]`) on
-build-time variables append the matching ops.
+"""`+ - * / @ **`, comparisons (`> >= < <=`, bool results), `abs()`, unary minus and Python
+indexing (`x[1:3, :, 0]`, `x[::-1]`, `x[..., None]`) on build-time variables append the
+matching ops.
 
 Installed onto VarDesc here because the framework layer, which defines VarDesc, sits below
 the ops and layers that these operators append.
@@ -33,6 +34,16 @@ def _rsub(x, y):
 
 def _mul(x, y):
     return nn.scale(x, float(y)) if isinstance(y, _NUMBER) else nn.elementwise_mul(x, y)
+
+
+def _pow(x, y):
+    if isinstance(y, _NUMBER):
+        return append_op("pow", {"X": x}, {"factor": float(y)})
+    return nn._binary("elementwise_pow", x, y)
+
+
+def _rpow(x, y):
+    return nn._binary("elementwise_pow", nn.fill_constant([1], x.dtype, y), x)
 
 
 def _div(x, y):
@@ -182,6 +193,14 @@ def install() -> None:
     VarDesc.__rtruediv__ = _rdiv
     VarDesc.__matmul__ = nn.matmul
     VarDesc.__neg__ = lambda x: nn.scale(x, -1.0)
+    VarDesc.__pow__ = _pow
+    VarDesc.__rpow__ = _rpow
+    VarDesc.__abs__ = lambda x: append_op("abs", {"X": x})
+    # == and != stay Python's identity tests: variables are dict keys and set members.
+    VarDesc.__gt__ = lambda x, y: nn._compare("greater_than", x, y, None, None)
+    VarDesc.__ge__ = lambda x, y: nn._compare("greater_equal", x, y, None, None)
+    VarDesc.__lt__ = lambda x, y: nn._compare("less_than", x, y, None, None)
+    VarDesc.__le__ = lambda x, y: nn._compare("less_equal", x, y, None, None)
     VarDesc.__getitem__ = _getitem
     # Without __iter__, Python would iterate by calling __getitem__ with 0, 1, 2, ... and, on
     # a dim of unknown size, append slice ops forever.
