@@ -27,6 +27,8 @@ from nestflow.layers.rnn_layers import *  # noqa: F403
 from nestflow.layers.rnn_layers import __all__ as _rnn_layers_all
 from nestflow.layers.sequence import *  # noqa: F403
 from nestflow.layers.sequence import __all__ as _sequence_all
+from nestflow.layers.sequence_nn import *  # noqa: F403
+from nestflow.layers.sequence_nn import __all__ as _sequence_nn_all
 from nestflow.layers.tensor import *  # noqa: F403
 from nestflow.layers.tensor import __all__ as _tensor_all
 from nestflow.layers.vision import *  # noqa: F403
@@ -65,6 +67,7 @@ __all__ = [
     *_rnn_cells_all,
     *_rnn_layers_all,
     *_sequence_all,
+    *_sequence_nn_all,
     *_cond_all,
     *_decode_all,
     *_crf_all,
