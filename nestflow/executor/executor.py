@@ -24,6 +24,7 @@ from nestflow.errors import (
     NestflowError,
     TypeMismatchError,
     UninitializedError,
+    suggest_names,
 )
 from nestflow.executor import plan as plan_module
 from nestflow.executor.plan import BlockPlan, Frame
@@ -686,7 +687,9 @@ def checked_feed(block: Block, name: str | VarDesc, value: Any) -> tuple[str, np
         raise FeedError(f"feed names are variable names (str or Variable), got {name!r}")
     desc = block.find_var(name)
     if desc is None:
-        raise FeedError(f"feed '{name}' is not a variable of the program")
+        raise FeedError(
+            f"feed '{name}' is not a variable of the program{_feed_suggestion(block, name)}"
+        )
     try:
         return name, check_feed(desc, value)
     except FeedError as err:  # say who reads the bad feed, and where that op was built
@@ -694,6 +697,16 @@ def checked_feed(block: Block, name: str | VarDesc, value: Any) -> tuple[str, np
         if reader == _NO_READER:
             raise
         raise FeedError(f"{err.message}; it is read by {reader}") from None
+
+
+def _feed_suggestion(block: Block, name: str) -> str:
+    """' (did you mean ...?)' naming the block's variables closest to `name`; a name that
+    differs in case only ('X' for 'x') first."""
+    names = [v for v in block.vars if not block.vars[v].persistable] or list(block.vars)
+    same = [v for v in names if v.lower() == name.lower()]
+    if same:
+        return f" (did you mean {', '.join(map(repr, same[:3]))}?)"
+    return suggest_names(name, names)
 
 
 def feed_mapping(feed: Any) -> Mapping[Any, Any]:
@@ -740,6 +753,8 @@ def check_feed(desc: VarDesc, value: Any) -> np.ndarray:
     except (ValueError, TypeError) as err:
         raise FeedError(f"feed '{desc.name}' is not an array: {err}") from None
     want = np.dtype(desc.dtype)
+    if isinstance(value, (list, tuple)) and array.dtype.kind in "biuf":
+        array = _list_as(desc.name, array, want)
     if array.dtype != want:
         same_kind = (array.dtype.kind in "fc") == (want.kind in "fc") and not (
             want.kind == "b" and array.dtype.kind != "b"
@@ -809,6 +824,20 @@ def _cast_keeping_values(name: str, array: np.ndarray, want: np.dtype) -> np.nda
             bad |= np.isinf(made) & np.isfinite(source)
         if bad.any():
             _raise_lossy(name, array, cast, bad, f"too large for {want} (it would become inf)")
+    return cast
+
+
+def _list_as(name: str, array: np.ndarray, want: np.dtype) -> np.ndarray:
+    """A Python list's array in the variable's dtype when it is of another kind of number (ints
+    for a float variable, 1.0 for an int one): a list has no dtype of its own to respect, but
+    a value the cast would change (1.5 for an int, 2**24 + 1 for float32) is a FeedError."""
+    if array.dtype.kind == want.kind or want.kind not in "biufc":
+        return array  # the same kind: cast (or refused) as an array of that dtype would be
+    with np.errstate(all="ignore"):
+        cast = array.astype(want)
+        bad = cast.astype(array.dtype) != array
+    if bad.any():
+        _raise_lossy(name, array, cast, bad, f"not exactly a {want} value")
     return cast
 
 
