@@ -593,7 +593,7 @@ def _sub_plan(parent: Frame, block: Block) -> BlockPlan:
     plans = parent.plan.__dict__.setdefault("_sub_plans", {})
     plan = plans.get(block.idx)
     if plan is None or plan.block is not block:
-        plan = plans[block.idx] = BlockPlan(block)
+        plan = plans[block.idx] = BlockPlan(block, parent.plan.device)
     return plan
 
 

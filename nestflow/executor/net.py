@@ -289,8 +289,9 @@ class PlainNet(Net):
         end = count if end < 0 else min(end, count)
         self.initialize(scope, context)
         plan = self._plan
-        if plan is None or plan.version != self.program.version:
-            plan = self._plan = BlockPlan(self.block)
+        device = self._executor(context).device
+        if plan is None or plan.version != self.program.version or plan.device is not device:
+            plan = self._plan = BlockPlan(self.block, device)
             plan.version = self.program.version
             self._ranges = {}
         ops = self._ranges.get((begin, end))

@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from nestflow.core.dtype import dtype_name
+from nestflow.core.place import Place
 from nestflow.core.scope import Scope
 from nestflow.core.tensor import Tensor
 from nestflow.errors import (
@@ -77,7 +78,7 @@ from nestflow.errors import (
 )
 from nestflow.executor import Executor, prune
 from nestflow.framework import unique_name
-from nestflow.framework.program import Program, VarDesc, program_guard
+from nestflow.framework.program import Program, VarDesc, program_guard, user_source_line
 from nestflow.hapi.callbacks import check_count, config_callbacks, is_writing_rank
 from nestflow.ops import random_state
 
@@ -199,7 +200,9 @@ class Model:
     variables) and returns the output variable(s); `inputs` and `labels` are InputSpecs (or
     lists of them). The network is built once at construction (so a network that does not fit
     its specs fails here) and again by each `prepare`. `epoch` counts the epochs trained, over
-    fits and checkpoints; `stop_training` set by a callback ends fit after the epoch.
+    fits and checkpoints; `stop_training` set by a callback ends fit after the epoch. The
+    model runs on `place` (default `nf.default_place()`): a checkpoint saved from one place
+    loads on any other.
 
     Errors: fit/evaluate/predict/save/load before prepare -> UninitializedError; specs that are
     not InputSpecs, a network or loss that cannot take its arguments or returns no variable ->
@@ -223,6 +226,7 @@ class Model:
         network: Callable[..., Any],
         inputs: InputSpec | Sequence[InputSpec],
         labels: InputSpec | Sequence[InputSpec] | None = None,
+        place: Place | None = None,
     ):
         if not callable(network):
             raise TypeMismatchError(f"Model: network must be callable, got {network!r}")
@@ -235,7 +239,7 @@ class Model:
         self.scope = Scope()
         self.epoch = 0
         self.stop_training = False
-        self._executor = Executor()
+        self._executor = Executor(place)
         self._forward = self._build()
         self._prepared: _Programs | None = None
         self._metrics: list[Any] = []
@@ -397,11 +401,14 @@ class Model:
     def _require(self, what: str, optimizer: bool = False, loss: bool = False) -> _Programs:
         p = self._prepared
         if p is None:
-            raise UninitializedError(f"Model.{what}: call model.prepare(...) first")
+            raise UninitializedError(
+                f"Model.{what} at {user_source_line()}: the model is not prepared; call "
+                "model.prepare(...) first"
+            )
         if optimizer and p.optimizer is None:
             raise UninitializedError(
-                f"Model.{what}: the model was prepared without an optimizer; call "
-                "model.prepare(optimizer, loss) first"
+                f"Model.{what} at {user_source_line()}: the model was prepared without an "
+                "optimizer; call model.prepare(optimizer, loss) first"
             )
         if loss and p.loss is None and not self._metrics:
             raise UninitializedError(
@@ -479,6 +486,10 @@ class Model:
                         else ""
                     )
                 )
+        fields[len(self.inputs) :] = [
+            _label_column(s, f)
+            for s, f in zip(specs[len(self.inputs) :], fields[len(self.inputs) :])
+        ]
         feed = {s.name: f for s, f in zip(specs, fields)}
         labels = [np.asarray(f) for f in fields[len(self.inputs) : len(specs)]]
         return feed, labels
@@ -572,7 +583,9 @@ class Model:
         `train_data`/`eval_data`: an nf.io Dataset (batched here by `batch_size`, shuffled by
         (seed, epoch) when `shuffle`, `drop_last`), a DataLoader (used as it is; its
         set_epoch is called with the model's epoch), or a tuple of arrays (the fields: inputs
-        then labels). Each batch is the inputs then the labels, or a dict by name. After
+        then labels). Each batch is the inputs then the labels, or a dict by name; a label of
+        shape [N] whose spec is [N, 1] (class ids as scikit-learn gives them) is taken as that
+        column, here and in evaluate. After
         each epoch whose index is a multiple of `eval_freq` the eval data is evaluated.
         `verbose`: 0 silent, 1 a progress bar on a terminal and one line per epoch otherwise, 2
         one line per epoch (ProgBarLogger, refreshed every `log_freq` steps). `save_dir`:
@@ -866,6 +879,17 @@ class Model:
             self._shuffle_seed = state["shuffle_seed"]
             p.main.random_seed = self._random_seed
             random_state.program_rng(p.main).bit_generator.state = state["generator"]
+
+
+def _label_column(spec: InputSpec, value: Any) -> Any:
+    """A label of shape [N] where its spec declares [N, 1] (class ids as scikit-learn, Keras
+    and PyTorch keep them) as the column the spec declares; any other value as it is."""
+    if len(spec.shape) != 2 or spec.shape[1] != 1:
+        return value
+    if isinstance(value, (list, tuple)):
+        found = np.asarray(value)
+        return found.reshape(-1, 1).tolist() if found.ndim == 1 else value
+    return value.reshape(-1, 1) if getattr(value, "ndim", None) == 1 else value
 
 
 def _data_parallel(optimizer: Any) -> Any:

@@ -78,12 +78,12 @@ def _rnn():
     label = L.data("label", [-1, 1], "int64")
     rnn = nf.rnn()
     with rnn.step():
-        word = rnn.step_input(x)
+        word = rnn.step_input(x, lengths=lengths)
         prev = rnn.memory(shape=[4], batch_ref=word)
-        h = L.fc([word, prev], size=4, act="tanh")
+        h = L.tanh(L.fc(word, size=4) + L.fc(prev, size=4, bias_attr=False))
         rnn.update_memory(prev, h)
-        rnn.step_output(h)
-    hidden = rnn(lengths=lengths)
+        rnn.output(h)
+    hidden = rnn()
     last = L.reduce_mean(hidden, dim=1)
     loss = L.mean(L.softmax_with_cross_entropy(L.fc(last, size=2), label))
     nf.optimizer.SGD(learning_rate=0.1).minimize(loss)
@@ -272,3 +272,46 @@ def test_device_context_pool_gives_one_context_per_place():
     assert nf.device_context(nf.CPUPlace()).xp is np
     with pytest.raises(PlaceError, match="no device context"):
         nf.device_context(object())
+
+
+def test_a_model_trained_on_the_device_resumes_on_the_cpu(tmp_path):
+    """nf.Model(place=...): a checkpoint saved from the device loads on the CPU, and fit on
+    the device equals fit on the CPU."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(16, 5)).astype("float32")
+    y = rng.integers(0, 3, (16, 1))
+
+    def model_on(place):
+        model = nf.Model(
+            lambda v: L.fc(v, 3, act="softmax"),
+            inputs=nf.InputSpec([None, 5], name="x"),
+            labels=nf.InputSpec([None, 1], "int64", "y"),
+            place=place,
+        )
+        model.prepare(nf.optimizer.Adam(0.05), loss=L.cross_entropy)
+        return model
+
+    trained = {}
+    for place in (nf.CPUPlace(), StandInPlace(0)):
+        with nf.unique_name.guard():
+            model = model_on(place)
+        nf.seed(0)
+        model.fit((x, y), batch_size=4, epochs=2, verbose=0, shuffle=False)
+        trained[place] = model.predict(x, batch_size=16, stack_outputs=True)[0]
+        if place.is_device:
+            model.save(str(tmp_path / "ckpt"))
+    np.testing.assert_allclose(trained[StandInPlace(0)], trained[nf.CPUPlace()], rtol=1e-6)
+    with nf.unique_name.guard():
+        resumed = model_on(nf.CPUPlace())
+    resumed.load(str(tmp_path / "ckpt"))
+    got = resumed.predict(x, batch_size=16, stack_outputs=True)[0]
+    np.testing.assert_array_equal(got, trained[StandInPlace(0)])
+
+
+@pytest.mark.skipif(
+    not nf.cuda.device_count(), reason="no CUDA GPU here (CuPy or a driver missing)"
+)
+def test_programs_run_on_a_cuda_gpu():
+    """On a machine with a GPU, CUDAPlace(0) is among the device places every test of this
+    file and of the op harness runs on; here it says so when there is none."""
+    assert nf.CUDAPlace(0) in DEVICE_PLACES
