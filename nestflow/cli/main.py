@@ -1,5 +1,5 @@
 """`nestflow demo [--model mlp|rnn|conv] [--epochs N] [--out DIR] [--distributed]`,
-`nestflow show DIR`, `nestflow export MODEL_DIR OUT.onnx [--opset N]` and
+`nestflow show DIR [--graph OUT] [--all-attrs]`, `nestflow export MODEL_DIR OUT.onnx [--opset N]` and
 `nestflow launch -n N [--hostfile FILE] script.py [args]`."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help="train a model on scikit-learn's bundled 8x8 digits, save and reload it"
     )
     demo.add_argument(
-        "--model", choices=("mlp", "rnn", "conv", "translate", "sentiment"), default="mlp"
+        "--model", choices=("mlp", "rnn", "conv", "translate", "sentiment", "srl"), default="mlp"
     )
     demo.add_argument("--epochs", type=int, default=None, help="passes over the training set")
     demo.add_argument("--out", default=None, help="directory for the saved model (default: temp)")
@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="also draw the program to OUT (.svg/.png/.pdf through Graphviz's dot, .dot: the text)",
     )
+    show.add_argument(
+        "--all-attrs",
+        action="store_true",
+        help="list every attribute of each op (default: only those that differ from the op's "
+        "defaults)",
+    )
     export = commands.add_parser(
         "export", help="write a saved inference model as an ONNX model (needs nestflow[onnx])"
     )
@@ -82,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(args)
         if args.command == "export":
             return _export(args)
-        return _show(args.path, args.graph)
+        return _show(args.path, args.graph, args.all_attrs)
     except NestflowError as exc:
         print(f"nestflow: error: {exc}", file=sys.stderr)
         return 1
@@ -125,8 +131,9 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(path: str, graph: str | None = None) -> int:
+def _show(path: str, graph: str | None = None, all_attrs: bool = False) -> int:
     from nestflow.core.tensor import Tensor
+    from nestflow.framework.listing import program_listing
     from nestflow.framework.program import Program
     from nestflow.io import inference
 
@@ -145,7 +152,7 @@ def _show(path: str, graph: str | None = None) -> int:
         except OSError as exc:
             print(f"nestflow: cannot read '{path}': {exc}", file=sys.stderr)
             return 1
-    print(program)
+    print(program_listing(program, all_attrs))
     if graph is not None:
         from nestflow.framework.dot import render
 
