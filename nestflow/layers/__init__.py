@@ -1,6 +1,8 @@
 """nf.layers: build programs by appending ops (the catalogue users expect)."""
 
 from nestflow.layers import initializer, variable_ops
+from nestflow.layers.attention import *  # noqa: F403
+from nestflow.layers.attention import __all__ as _attention_all
 from nestflow.layers.cond import *  # noqa: F403
 from nestflow.layers.cond import __all__ as _cond_all
 from nestflow.layers.control_flow import *  # noqa: F403
@@ -71,6 +73,7 @@ __all__ = [
     *_cond_all,
     *_decode_all,
     *_crf_all,
+    *_attention_all,
 ]
 _export_checked()
 
