@@ -33,6 +33,7 @@ WORKLOADS = {
     "w10": ("w10_lstm", "W10 LSTM T=32, batch 32, 64->128, 1 layer, train step, 1 thread"),
     "w11": ("w11_resnet50_onnx", "W11 ResNet-50 (light) from ONNX, forward, 1 thread"),
     "w12": ("w12_distributed", "W12 data-parallel MPI, 1 BLAS thread per rank"),
+    "w15": ("w15_transformer", "W15 Transformer encoder layer train step, 1 and 2 threads"),
     "import": ("import_time", "import time"),
 }
 
