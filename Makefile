@@ -22,7 +22,7 @@ $(DEMO_DEPS): pyproject.toml $(BASE)
 	touch $(DEMO_DEPS)
 
 $(TEST_DEPS): pyproject.toml $(BASE)
-	$(BIN)/pip install -q -e '.[test,examples,bench,proto,onnx,distributed]'
+	$(BIN)/pip install -q -e '.[test,examples,bench,proto,onnx,distributed,tensorboard]'
 	touch $(TEST_DEPS)
 
 $(BENCH_DEPS): pyproject.toml $(BASE)

@@ -47,6 +47,7 @@ __all__ = [
     "LRScheduler",
     "ModelCheckpoint",
     "ProgBarLogger",
+    "TensorBoard",
     "is_writing_rank",
 ]
 
@@ -547,3 +548,7 @@ class CSVLogger(Callback):
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
             write_atomic(self.path, text.encode("utf-8"))
+
+
+# At the end: tensorboard.py builds on Callback (and imports tensorboardX only when used).
+from nestflow.hapi.tensorboard import TensorBoard  # noqa: E402
