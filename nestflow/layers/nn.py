@@ -568,17 +568,33 @@ def embedding(
 
 
 def dropout(
-    x, dropout_prob: float = 0.5, is_test: bool = False, seed: int = 0, name=None
+    x,
+    dropout_prob: float = 0.5,
+    is_test: bool = False,
+    seed: int = 0,
+    name=None,
+    dropout_implementation: str = "downgrade_in_infer",
 ) -> VarDesc:
-    """Zero elements with probability p during training, scaling the rest by 1/(1-p).
+    """Zero each element with probability p in training, as Fluid 1.x: with
+    `dropout_implementation` "downgrade_in_infer" (Fluid's default) the kept elements pass
+    unscaled and inference multiplies by (1 - p); with "upscale_in_train" (PyTorch's) the
+    kept elements are scaled by 1/(1 - p) in training and inference is the identity.
 
     >>> x = nf.data("x", [-1, 4])
-    >>> out = nf.layers.dropout(x, 0.5, is_test=True)  # the identity at test time
+    >>> out = nf.layers.dropout(x, 0.5, is_test=True)  # Fluid's default: x * (1 - p) at test time
     >>> nf.Executor(nf.CPUPlace()).run(feed={"x": np.ones((1, 4), "float32")}, fetch_list=[out])[0]
+    array([[0.5, 0.5, 0.5, 0.5]], dtype=float32)
+    >>> same = nf.layers.dropout(x, 0.5, is_test=True, dropout_implementation="upscale_in_train")
+    >>> nf.Executor(nf.CPUPlace()).run(feed={"x": np.ones((1, 4), "float32")}, fetch_list=[same])[0]
     array([[1., 1., 1., 1.]], dtype=float32)
     """
     prob = as_float(dropout_prob, "dropout: dropout_prob")
-    attrs = {"dropout_prob": prob, "is_test": is_test, "seed": seed}
+    attrs = {
+        "dropout_prob": prob,
+        "is_test": is_test,
+        "seed": 0 if seed is None else seed,
+        "dropout_implementation": dropout_implementation,
+    }
     out, _mask = append_op("dropout", {"X": x}, attrs, outputs=("Out", "Mask"), name=name)
     return out
 

@@ -84,7 +84,7 @@ def _stacked_rnn(
     x = input
     for layer in range(num_layers):
         if layer and dropout_prob > 0.0:
-            x = nn.dropout(x, dropout_prob)
+            x = nn.dropout(x, dropout_prob, dropout_implementation="upscale_in_train")
         outs = []
         for direction in range(directions):
             suffix = f"_l{layer}" + ("_reverse" if direction else "")

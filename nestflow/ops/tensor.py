@@ -486,9 +486,14 @@ class lookup_table:
         return (grad,)
 
 
+DROPOUT_IMPLEMENTATIONS = ("downgrade_in_infer", "upscale_in_train")
+
+
 @register_op
 class dropout:
-    """Out = X * Mask / (1 - p) in training (upscale_in_train), X itself when `is_test`.
+    """Fluid 1.x's dropout. `dropout_implementation` "downgrade_in_infer" (Fluid's default):
+    Out = X * Mask in training, X * (1 - p) when `is_test`; "upscale_in_train" (PyTorch's):
+    Out = X * Mask / (1 - p) in training, X itself when `is_test`.
 
     Mask (uint8) marks the kept elements, each kept with probability 1 - dropout_prob; `seed`
     0 draws from the global generator (nf.seed), another value gives the same mask every run.
@@ -496,26 +501,46 @@ class dropout:
 
     inputs, outputs = ("X",), ("Out", "Mask")
     grad_no_need_buffer = ("X", "Out")
-    attrs = {"dropout_prob": 0.5, "is_test": False, "seed": 0}
+    attrs = {
+        "dropout_prob": 0.5,
+        "is_test": False,
+        "seed": 0,
+        "dropout_implementation": "downgrade_in_infer",
+    }
 
-    def infer(X, dropout_prob, is_test, seed):
+    def infer(X, dropout_prob, is_test, seed, dropout_implementation):
         if not 0.0 <= dropout_prob <= 1.0:
             raise AttrError(f"dropout_prob must be in [0, 1], got {dropout_prob}")
+        if dropout_implementation not in DROPOUT_IMPLEMENTATIONS:
+            raise AttrError(
+                f"dropout_implementation must be one of {list(DROPOUT_IMPLEMENTATIONS)}, got "
+                f"{dropout_implementation!r}"
+            )
         return VarInfo(X.shape, X.dtype), VarInfo(X.shape, "uint8")
 
-    def forward(X, dropout_prob, is_test, seed, xp, device):
+    def forward(X, dropout_prob, is_test, seed, dropout_implementation, xp, device):
+        upscale = dropout_implementation == "upscale_in_train"
         if is_test or dropout_prob == 0.0:
-            return X.copy(), xp.ones(X.shape, np.uint8)
+            out = X.copy() if upscale else (X * xp.asarray(1.0 - dropout_prob, X.dtype))
+            return out.astype(X.dtype, copy=False), xp.ones(X.shape, np.uint8)
         if dropout_prob == 1.0:
             return xp.zeros_like(X), xp.zeros(X.shape, np.uint8)
         draws = device.random(generator(seed)).random(X.shape)
         mask = (draws >= dropout_prob).astype(np.uint8)
+        if not upscale:
+            return (X * mask).astype(X.dtype), mask
         return (X * mask * xp.asarray(1.0 / (1.0 - dropout_prob), X.dtype)).astype(X.dtype), mask
 
-    def backward(X, Out, Mask, Out_grad, Mask_grad, dropout_prob, is_test, seed, xp):
+    def backward(
+        X, Out, Mask, Out_grad, Mask_grad, dropout_prob, is_test, seed, dropout_implementation, xp
+    ):
+        upscale = dropout_implementation == "upscale_in_train"
         if is_test:
-            return (Out_grad,)
+            scale = 1.0 if upscale else 1.0 - dropout_prob
+            return ((Out_grad * xp.asarray(scale, Out_grad.dtype)).astype(Out_grad.dtype),)
         if dropout_prob == 1.0:
             return (xp.zeros_like(Out_grad),)
+        if not upscale:
+            return ((Out_grad * Mask).astype(Out_grad.dtype),)
         scale = xp.asarray(1.0 / (1.0 - dropout_prob), Out_grad.dtype)
         return ((Out_grad * Mask * scale).astype(Out_grad.dtype),)

@@ -94,8 +94,10 @@ def test_clone_for_test_switches_batch_norm_and_dropout_to_inference():
     batch = rng.normal(size=(3, 4))
     first = exe.run(test, feed={"x": batch}, fetch_list=[out.name], scope=scope)[0]
     again = exe.run(test, feed={"x": batch}, fetch_list=[out.name], scope=scope)[0]
-    # Running statistics normalise, dropout keeps everything: deterministic, nothing moves.
-    np.testing.assert_allclose(first, _normalised(batch, mean, var, scale, bias), rtol=1e-12)
+    # Running statistics normalise, dropout keeps everything scaled by 1 - p (Fluid's default
+    # downgrade_in_infer): deterministic, nothing moves.
+    want = _normalised(batch, mean, var, scale, bias) * 0.5
+    np.testing.assert_allclose(first, want, rtol=1e-12)
     np.testing.assert_array_equal(first, again)
     np.testing.assert_array_equal(_value(scope, "bn.mean"), mean)
     np.testing.assert_array_equal(_value(scope, "bn.variance"), var)

@@ -21,12 +21,17 @@ def rand(*shape, dtype="float32"):
     return R.standard_normal(shape).astype(dtype)
 
 
-def _dropout_ref(X, dropout_prob=0.5, is_test=False, seed=0):
-    """A fixed seed draws the keep mask from np.random.default_rng(seed) (uniform >= p)."""
+def _dropout_ref(X, dropout_prob=0.5, is_test=False, seed=0,
+                 dropout_implementation="downgrade_in_infer"):  # fmt: skip
+    """A fixed seed draws the keep mask from np.random.default_rng(seed) (uniform >= p);
+    Fluid's downgrade_in_infer scales at inference, upscale_in_train in training."""
+    upscale = dropout_implementation == "upscale_in_train"
     if is_test:
-        return {"Out": X, "Mask": np.ones(X.shape, np.uint8)}
+        out = X if upscale else (X * (1 - dropout_prob)).astype(X.dtype)
+        return {"Out": out, "Mask": np.ones(X.shape, np.uint8)}
     mask = (np.random.default_rng(seed).random(X.shape) >= dropout_prob).astype(np.uint8)
-    return {"Out": (X * mask / (1 - dropout_prob)).astype(X.dtype), "Mask": mask}
+    scale = 1 / (1 - dropout_prob) if upscale else 1.0
+    return {"Out": (X * mask * scale).astype(X.dtype), "Mask": mask}
 
 
 def _split_ref(X, num=0, sections=(), axis=-1):
@@ -301,28 +306,41 @@ CASES = [
         _lookup_ref,
         id="lookup-no-ids",
     ),
-    OpCase(
-        "dropout",
-        {"X": rand(3, 4)},
-        _dropout_ref,
-        {"dropout_prob": 0.4, "seed": 11},
-        grad=("X",),
-        id="dropout-train-seeded",
-    ),
-    OpCase(
-        "dropout",
-        {"X": rand(3, 4)},
-        _dropout_ref,
-        {"dropout_prob": 0.4, "is_test": True},
-        grad=("X",),
-        id="dropout-test-identity",
-    ),
+    *[
+        OpCase(
+            "dropout",
+            {"X": rand(3, 4)},
+            _dropout_ref,
+            {"dropout_prob": 0.4, "seed": 11, "dropout_implementation": kind},
+            grad=("X",),
+            id=f"dropout-train-seeded-{kind}",
+        )
+        for kind in ("downgrade_in_infer", "upscale_in_train")
+    ],
+    *[
+        OpCase(
+            "dropout",
+            {"X": rand(3, 5)},
+            _dropout_ref,
+            {"dropout_prob": 0.4, "is_test": True, "dropout_implementation": kind},
+            grad=("X",),
+            id=f"dropout-test-{kind}",
+        )
+        for kind in ("downgrade_in_infer", "upscale_in_train")
+    ],
     OpCase(
         "dropout",
         {"X": rand(2, 0)},
         _dropout_ref,
         {"dropout_prob": 0.5, "seed": 3},
         id="dropout-empty",
+    ),
+    OpCase(
+        "dropout",
+        {"X": rand(1, 1)},
+        _dropout_ref,
+        {"dropout_prob": 1.0, "is_test": True},
+        id="dropout-test-p1-downgrade",
     ),
     OpCase(
         "increment",
@@ -537,11 +555,13 @@ def test_cast_and_dropout_attr_errors():
 
 def _dropout(x, **attrs):
     forward = get_op_def("dropout").forward
-    return forward(x, **{"is_test": False, "seed": 0, **attrs}, **place_args(forward))
+    attrs = {"is_test": False, "seed": 0, "dropout_implementation": "upscale_in_train", **attrs}
+    return forward(x, **attrs, **place_args(forward))
 
 
 def _dropout_grad(*args, **attrs):
     backward = get_op_def("dropout_grad").forward
+    attrs = {"dropout_implementation": "upscale_in_train", **attrs}
     return backward(*args, **attrs, **place_args(backward))
 
 
@@ -575,6 +595,29 @@ def test_dropout_of_everything_is_zeros_without_dividing_by_zero():
     np.testing.assert_array_equal(out, np.zeros_like(x))
     np.testing.assert_array_equal(mask, np.zeros(x.shape, np.uint8))
     np.testing.assert_array_equal(grad, np.zeros_like(x))
+
+
+def test_downgrade_in_infer_keeps_unscaled_in_training_and_scales_at_inference():
+    x = np.full((100, 40), 2.0)
+    out, mask = _dropout(x, dropout_prob=0.25, dropout_implementation="downgrade_in_infer")
+    np.testing.assert_array_equal(out, 2.0 * mask)
+    (grad,) = _dropout_grad(
+        x,
+        out,
+        mask,
+        np.ones_like(x),
+        None,
+        dropout_prob=0.25,
+        is_test=False,
+        seed=0,
+        dropout_implementation="downgrade_in_infer",
+    )
+    np.testing.assert_array_equal(grad, mask.astype(float))
+    test_out, _ = _dropout(x, dropout_prob=0.25, is_test=True,
+                           dropout_implementation="downgrade_in_infer")  # fmt: skip
+    np.testing.assert_array_equal(test_out, np.full_like(x, 1.5))
+    with pytest.raises(AttrError, match="dropout_implementation must be one of"):
+        L.dropout(nf.data("y", [-1, 2]), 0.5, dropout_implementation="scale")
 
 
 def test_dropout_grad_uses_the_mask():

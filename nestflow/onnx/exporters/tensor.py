@@ -152,8 +152,15 @@ def lookup_table(ctx: OpContext) -> None:
 def dropout(ctx: OpContext) -> None:
     x, dtype = ctx.input("X"), ctx.in_var("X").dtype
     p = ctx.attrs["dropout_prob"]
+    upscale = ctx.attrs.get("dropout_implementation") == "upscale_in_train"
     if ctx.attrs["is_test"] or p == 0.0:
-        ctx.set_output("Out", ctx.node("Identity", [x]))
+        # Fluid's downgrade_in_infer scales at inference instead of in training.
+        kept = (
+            ctx.node("Identity", [x])
+            if upscale or p == 0.0
+            else (ctx.node("Mul", [x, ctx.scalar(1.0 - p, dtype)]))
+        )
+        ctx.set_output("Out", kept)
         ctx.set_output("Mask", ctx.zeros_like(x, "uint8", 1))
     elif p == 1.0:
         ctx.set_output("Out", ctx.zeros_like(x, dtype))
