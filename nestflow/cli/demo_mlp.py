@@ -4,6 +4,7 @@ correct training script: trained, evaluated, saved as an inference model and rel
 The training code a user writes (what `run` does, less its printing and checks):
 
     import nestflow as nf
+    from nestflow.cli.demo_mlp import load_digits
     data = load_digits()  # standardised 8x8 digits, a seeded 80/20 split
 
     def mlp(x):
