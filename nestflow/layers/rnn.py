@@ -447,12 +447,15 @@ class RNN:
             if n not in block.vars and n not in inputs and n not in memory_names
         ]
         params = list(dict.fromkeys(params))
+        # Every step input has the same number of steps: a length known on one is the outputs'.
+        known = {self._parent.find_var(n).shape[1] for n in inputs} - {-1}
+        steps = known.pop() if len(known) == 1 else -1
         results = []
         for out in self._outputs:
             tail = tuple(out.shape[1:]) if out.shape else ()
             results.append(
                 self._parent.create_var(
-                    unique_name.generate(f"{self._name}.out"), (-1, -1, *tail), out.dtype
+                    unique_name.generate(f"{self._name}.out"), (-1, steps, *tail), out.dtype
                 )
             )
         for memory in self._memories:

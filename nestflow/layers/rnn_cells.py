@@ -475,7 +475,7 @@ def rnn(
     >>> x = nf.data("x", [-1, 5, 4]); n = nf.data("n", [-1], "int64")
     >>> out, (h, c) = nf.layers.rnn(nf.layers.LSTMCell(8), x, sequence_length=n)
     >>> out.shape, h.shape
-    ((-1, -1, 8), (-1, 8))
+    ((-1, 5, 8), (-1, 8))
     """
     if not callable(getattr(cell, "call", None)):
         raise layer_error(

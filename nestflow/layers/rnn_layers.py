@@ -134,7 +134,7 @@ def lstm(
     >>> x = nf.data("x", [-1, 7, 5]); n = nf.data("n", [-1], "int64")
     >>> out, h, c = nf.layers.lstm(x, 8, n, num_layers=2, is_bidirec=True)
     >>> out.shape, h.shape
-    ((-1, -1, 16), (4, -1, 8))
+    ((-1, 7, 16), (4, -1, 8))
     """
     inits = [(init_h, "init_h"), (init_c, "init_c")]
     out, (last_h, last_c) = _stacked_rnn(
@@ -161,7 +161,7 @@ def gru(
     >>> x = nf.data("x", [-1, 7, 5])
     >>> out, h = nf.layers.gru(x, 8)
     >>> out.shape, h.shape
-    ((-1, -1, 8), (1, -1, 8))
+    ((-1, 7, 8), (1, -1, 8))
     """
     inits = [(init_h, "init_h")]
     out, (last_h,) = _stacked_rnn(

@@ -1,0 +1,41 @@
+"""Issue 30's departures from Fluid 1.x, fixed: dropout's two implementations through the layer,
+a known time length kept by lstm/gru/layers.rnn (unstack without num=), the one_hot layer's
+Fluid 1.8 shape."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import nestflow as nf
+
+
+def test_dropout_layer_behaves_as_fluids_both_implementations():
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 50], "float64")
+        down = nf.layers.dropout(x, 0.2)
+        up = nf.layers.dropout(x, 0.2, dropout_implementation="upscale_in_train")
+    test = main.clone(for_test=True)
+    xv = np.full((40, 50), 3.0)
+    exe = nf.Executor()
+    train_down, train_up = exe.run(main, feed={"x": xv}, fetch_list=[down, up])
+    assert set(np.unique(train_down)) == {0.0, 3.0}  # kept elements unscaled
+    np.testing.assert_allclose(np.unique(train_up), [0.0, 3.0 / 0.8])
+    test_down, test_up = exe.run(test, feed={"x": xv}, fetch_list=[down.name, up.name])
+    np.testing.assert_allclose(test_down, xv * 0.8)
+    np.testing.assert_array_equal(test_up, xv)
+
+
+def test_lstm_and_rnn_keep_a_known_time_length():
+    x = nf.data("x", [-1, 10, 8])
+    n = nf.data("n", [-1], "int64")
+    out, h, c = nf.layers.lstm(x, 6, n)
+    assert out.shape == (-1, 10, 6)
+    out2, _ = nf.layers.gru(x, 4, n, num_layers=2, is_bidirec=True)
+    assert out2.shape == (-1, 10, 8)
+    out3, _ = nf.layers.rnn(nf.layers.GRUCell(3), x, sequence_length=n)
+    assert out3.shape == (-1, 10, 3)
+    steps = nf.layers.unstack(out, axis=1)  # no num= needed
+    assert len(steps) == 10 and steps[0].shape == (-1, 6)
+    unknown, _, _ = nf.layers.lstm(nf.data("y", [-1, -1, 8]), 6)
+    assert unknown.shape == (-1, -1, 6)
