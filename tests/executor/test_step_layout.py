@@ -11,7 +11,7 @@ import pytest
 import nestflow as nf
 from nestflow.executor.executor import StepRunner
 from nestflow.ops import register_op
-from nestflow.ops.registry import _REGISTRY, get_op_def
+from nestflow.ops.registry import _REGISTRY, get_op_def, place_args
 
 L = nf.layers
 STEPS, BATCH, N_IN, N_HID = 5, 3, 4, 6
@@ -69,7 +69,7 @@ def _y_layouts(monkeypatch, op_type: str) -> list[tuple[tuple[int, ...], bool, b
 
     def spy(X, Y, *args, **kwargs):
         layouts.append((Y.shape, Y.flags.c_contiguous, Y.flags.f_contiguous))
-        return kernel(X, Y, *args, **kwargs)
+        return kernel(X, Y, *args, **kwargs, **place_args(kernel))  # CPUPlace's, as bound
 
     monkeypatch.setattr(grad_def, "forward", spy)
     return layouts
