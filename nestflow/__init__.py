@@ -54,6 +54,7 @@ from nestflow.framework import (
 from nestflow.layers import ParamAttr, data, initializer
 from nestflow.layers.net_builder import NetBuilder
 from nestflow.layers.seed_api import get_variable, minibatch, sequence, var
+from nestflow.layers.tensor import one_hot_v2 as one_hot
 from nestflow.ops import seed
 
 layer = layers
@@ -147,6 +148,7 @@ __all__ = [
     "BlockOp",
     "rnn",
     "minibatch",
+    "one_hot",
     "sequence",
     "var",
     "global_scope",

@@ -384,7 +384,7 @@ def dynamic_decode(
     their own finished state) the states of finished rows stop changing.
     Errors: AttrError for a negative max_step_num.
 
-    >>> cell = lambda ids, h: (nf.layers.one_hot(ids, 4) * 2.0 + h, h)   # logits 2 at the input id
+    >>> cell = lambda ids, h: (nf.one_hot(ids, 4) * 2.0 + h, h)   # logits 2 at the input id
     >>> decoder = nf.layers.BeamSearchDecoder(cell, start_token=2, end_token=1, beam_size=1,
     ...     output_fn=lambda logits: logits + nf.layers.assign(np.array([0, 0, 0, 3.0], "float32")))
     >>> h0 = nf.layers.data("h0", [-1, 4])

@@ -555,10 +555,15 @@ def embedding(
     dtype: Any = "float32",
     name=None,
 ) -> VarDesc:
-    """Rows of a [vocab, dim] table picked by int64 ids; output shape ids.shape + [dim].
+    """Rows of a [vocab, dim] table (`size`) picked by int64 ids, as Fluid 1.8's
+    `fluid.layers.embedding` (lookup_table): ids ending in a dim of 1 have it replaced by dim
+    ([N, 1] -> [N, dim], [N, T, 1] -> [N, T, dim]), other ids get dim appended ([N, T] ->
+    [N, T, dim]). `padding_idx` rows come out as zeros and get no gradient.
 
-    >>> ids = nf.data("ids", [-1, 5], "int64")
+    >>> ids = nf.data("ids", [-1, 1], "int64")
     >>> nf.layers.embedding(ids, size=[100, 8]).shape
+    (-1, 8)
+    >>> nf.layers.embedding(nf.data("words", [-1, 5], "int64"), size=[100, 8]).shape
     (-1, 5, 8)
     """
     prefix = name or unique_name.generate("embedding")

@@ -18,7 +18,7 @@ from nestflow.core.dtype import dtype_name
 from nestflow.errors import AttrError, ShapeError
 from nestflow.framework import unique_name
 from nestflow.framework.program import VarDesc
-from nestflow.layers.helper import append_op, as_float, as_int, current_block
+from nestflow.layers.helper import append_op, as_float, as_int, current_block, layer_error
 
 
 def _ints(values: Any, what: str) -> list[int]:
@@ -274,24 +274,53 @@ def scatter(
 
 
 def one_hot(input: VarDesc, depth, allow_out_of_range: bool = False) -> VarDesc:
+    """float32 one-hot rows for int ids `input` [..., 1] (Fluid 1.8's `fluid.layers.one_hot`):
+    the last dim of 1 becomes `depth`, so [N, 1] ids give [N, depth]. For ids of any shape
+    (one_hot_v2: [N] -> [N, depth], [N, 1] -> [N, 1, depth]) use `nf.one_hot`. `depth` is
+    an int or a 1-element int variable. An id outside [0, depth) is an ExecutionError naming
+    it, or an all-zero row with `allow_out_of_range`.
+
+    >>> ids = nf.data("ids", [-1, 1], "int64")
+    >>> out = nf.layers.one_hot(ids, depth=3)
+    >>> nf.Executor(nf.CPUPlace()).run(feed={"ids": np.array([[2], [0]])}, fetch_list=[out])[0]
+    array([[0., 0., 1.],
+           [1., 0., 0.]], dtype=float32)
+    """
+    shape = getattr(input, "shape", None)
+    if isinstance(input, VarDesc) and (len(shape) < 2 or shape[-1] not in (1, -1)):
+        raise layer_error(
+            ShapeError,
+            "one_hot",
+            f"input '{input.name}' has shape {list(shape)}; Fluid 1.8's one_hot takes ids "
+            "[..., 1] (the last dim becomes depth). For ids of any shape use nf.one_hot "
+            "(one_hot_v2: input.shape + [depth])",
+        )
+    return _one_hot("one_hot", input, depth, allow_out_of_range)
+
+
+def one_hot_v2(input: VarDesc, depth, allow_out_of_range: bool = False) -> VarDesc:
     """float32 one-hot rows for int ids of any shape: shape input.shape + [depth] (Fluid 1.8's
-    one_hot_v2; its `one_hot` layer wanted ids [..., 1]). `depth` is an int or a 1-element
-    int variable. An id outside [0, depth) is an ExecutionError naming it, or an all-zero
-    row with `allow_out_of_range`.
+    `fluid.one_hot`, the one_hot_v2 op; nf.one_hot). `depth` is an int or a 1-element int
+    variable. An id outside [0, depth) is an ExecutionError naming it, or an all-zero row with
+    `allow_out_of_range`.
 
     >>> ids = nf.data("ids", [-1], "int64")
-    >>> out = nf.layers.one_hot(ids, depth=3)
+    >>> out = nf.one_hot(ids, depth=3)
     >>> nf.Executor(nf.CPUPlace()).run(feed={"ids": np.array([2, 0])}, fetch_list=[out])[0]
     array([[0., 0., 1.],
            [1., 0., 0.]], dtype=float32)
     """
+    return _one_hot("one_hot_v2", input, depth, allow_out_of_range)
+
+
+def _one_hot(op_type: str, input: VarDesc, depth, allow_out_of_range: bool) -> VarDesc:
     inputs: dict[str, Any] = {"X": input}
     attrs: dict[str, Any] = {"allow_out_of_range": bool(allow_out_of_range)}
     if isinstance(depth, VarDesc):
         inputs["depth_tensor"] = depth
     else:
         attrs["depth"] = as_int(depth, "one_hot: depth")
-    return append_op("one_hot_v2", inputs, attrs, stop_gradient=True)
+    return append_op(op_type, inputs, attrs, stop_gradient=True)
 
 
 # ---- shape and layout ----

@@ -5,6 +5,7 @@ Fluid 1.8 shape."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import nestflow as nf
 
@@ -39,3 +40,27 @@ def test_lstm_and_rnn_keep_a_known_time_length():
     assert len(steps) == 10 and steps[0].shape == (-1, 6)
     unknown, _, _ = nf.layers.lstm(nf.data("y", [-1, -1, 8]), 6)
     assert unknown.shape == (-1, -1, 6)
+
+
+def test_one_hot_layer_is_fluid_1_8s_and_nf_one_hot_is_v2():
+    ids = nf.data("ids", [-1, 1], "int64")
+    flat = nf.data("flat", [-1], "int64")
+    layer, v2, v2_column = nf.layers.one_hot(ids, 4), nf.one_hot(flat, 4), nf.one_hot(ids, 4)
+    assert layer.shape == (-1, 4) and v2.shape == (-1, 4) and v2_column.shape == (-1, 1, 4)
+    feed = {"ids": np.array([[3], [0]]), "flat": np.array([1, 2])}
+    got = nf.Executor().run(feed=feed, fetch_list=[layer, v2, v2_column])
+    np.testing.assert_array_equal(got[0], np.eye(4, dtype="float32")[[3, 0]])
+    np.testing.assert_array_equal(got[1], np.eye(4, dtype="float32")[[1, 2]])
+    np.testing.assert_array_equal(got[2], np.eye(4, dtype="float32")[[3, 0]][:, None])
+    with pytest.raises(nf.errors.ShapeError, match="use nf.one_hot"):
+        nf.layers.one_hot(flat, 4)
+
+
+def test_embedding_of_column_ids_is_n_by_dim_as_its_docstring_says():
+    ids = nf.data("ids", [-1, 1], "int64")
+    out = nf.layers.embedding(ids, size=[10, 3])
+    assert out.shape == (-1, 3)
+    assert "[N, 1] -> [N, dim]" in nf.layers.embedding.__doc__
+    nf.Executor().run(nf.default_startup_program())
+    (value,) = nf.Executor().run(feed={"ids": np.array([[1], [4]])}, fetch_list=[out])
+    assert value.shape == (2, 3)
