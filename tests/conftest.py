@@ -13,6 +13,9 @@ import nestflow as nf
 # session ends fails the run, and the folder is removed either way. pytest's own tmp_path
 # folders stay where they were (PYTEST_DEBUG_TEMPROOT), kept and pruned by pytest.
 _SESSION_TEMP: list[str] = []
+# What other programs keep in TMPDIR while they run: Open MPI's session folder (a job the
+# launch tests kill on purpose cannot remove it) and PyTorch's compile cache.
+_THEIRS = ("ompi.", "torchinductor_")
 
 
 def pytest_configure(config):
@@ -34,7 +37,7 @@ def temp_folder_left_clean():
     yield
     if not _SESSION_TEMP:
         return
-    left = sorted(os.listdir(_SESSION_TEMP[0]))
+    left = sorted(n for n in os.listdir(_SESSION_TEMP[0]) if not n.startswith(_THEIRS))
     if left:
         pytest.fail(
             f"the tests left {len(left)} entr{'y' if len(left) == 1 else 'ies'} in the temp "

@@ -21,7 +21,9 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help="train a model on scikit-learn's bundled 8x8 digits, save and reload it"
     )
     demo.add_argument(
-        "--model", choices=("mlp", "rnn", "conv", "translate", "sentiment", "srl"), default="mlp"
+        "--model",
+        choices=("mlp", "rnn", "conv", "translate", "sentiment", "srl", "transformer"),
+        default="mlp",
     )
     demo.add_argument("--epochs", type=int, default=None, help="passes over the training set")
     demo.add_argument("--out", default=None, help="directory for the saved model (default: temp)")
@@ -133,7 +135,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _show(path: str, graph: str | None = None, all_attrs: bool = False) -> int:
     from nestflow.core.tensor import Tensor
-    from nestflow.framework.listing import program_listing
+    from nestflow.cli.listing import program_listing
     from nestflow.framework.program import Program
     from nestflow.io import inference
 

@@ -7,7 +7,7 @@ import re
 
 import nestflow as nf
 from nestflow.cli.main import main
-from nestflow.framework.listing import op_line, program_listing
+from nestflow.cli.listing import op_line, program_listing
 
 
 def _conv_program_file(tmp_path):

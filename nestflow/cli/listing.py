@@ -2,7 +2,7 @@
 to those that differ from the op's registered defaults (a conv2d carries some 25 Fluid
 hardware and fusion settings, all at their defaults in a program a user built).
 
->>> from nestflow.framework.listing import program_listing
+>>> from nestflow.cli.listing import program_listing
 >>> x = nf.data("x", [-1, 1, 8, 8])
 >>> y = nf.layers.conv2d(x, num_filters=4, filter_size=3, stride=2)
 >>> print(program_listing(nf.default_main_program()).splitlines()[-3])
