@@ -155,3 +155,35 @@ def test_an_imported_mlp_trains_one_step_as_pytorch_does():
             and np.allclose(u, want.T, rtol=1e-12, atol=1e-14)
             for u in updated
         ), name
+
+
+class PlainLSTM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(3, 5, batch_first=True)
+
+    def forward(self, x):
+        y, (h, c) = self.lstm(x)  # no initial state: PyTorch exports constant zeros
+        return y, h, c
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["fixed_batch", "dynamic_batch"])
+def test_lstm_exported_without_an_initial_state(dynamic):
+    """Issue 30: the zero initial states of a fixed-batch export fold to constants, which the
+    importer once passed to memory() as nothing ("memory() needs init= or shape=")."""
+    module = PlainLSTM().eval()
+    x = torch.randn(2, 4, 3)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), buffer, dynamo=False, input_names=["x"],
+                          output_names=["y", "h", "c"], opset_version=17,
+                          dynamic_axes={"x": {0: "batch"}} if dynamic else None)  # fmt: skip
+    scope = nf.Scope()
+    program, feeds, fetches = nf.onnx.load(buffer.getvalue(), scope)
+    with torch.no_grad():
+        expected = module(x)
+    got = nf.Executor().run(program, feed={"x": x.numpy()}, fetch_list=fetches, scope=scope)
+    for g, e in zip(got, expected):
+        assert g.shape == tuple(e.shape)
+        np.testing.assert_allclose(g, e.numpy(), rtol=1e-5, atol=1e-6)

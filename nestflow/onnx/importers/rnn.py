@@ -183,7 +183,8 @@ def _import(node: Node, states: int, make_step: Callable[[int, int], Callable]) 
                     initial.append(
                         node.op("fill_constant_batch_size_like", {"Input": batch_major}, attrs)
                     )
-            initial = [block.find_var(n) for n in initial]
+            # Initial states PyTorch exports as zeros fold to constants: read them as variables.
+            initial = [block.find_var(node.graph.var(n)) for n in initial]
             initial = initial if states > 1 else initial[0]
         cell = _Cell(node, hidden, states, make_step(d, hidden))
         reverse = direction == "reverse" or d == 1
