@@ -672,7 +672,7 @@ class Block:
 
     def append_op(
         self,
-        type: str,
+        type: str | None = None,
         inputs: Mapping[str, Any] | None = None,
         outputs: Mapping[str, Any] | None = None,
         attrs: Mapping[str, Any] | None = None,
@@ -681,8 +681,16 @@ class Block:
         """Append an op; its attributes are checked and its outputs' shapes inferred right away.
 
         Slot values may be names, VarDescs, or lists of either. On a shape/dtype/attr error
-        nothing is appended.
+        nothing is appended. Fluid's `append_op()` with no type, then edited through its desc,
+        is refused (AttrError): an op is checked when appended, so give it whole.
         """
+        if type is None:
+            raise AttrError(
+                "Block.append_op() needs the op's type: nestflow checks an op and infers its "
+                "outputs when it is appended, so Fluid's append_op() then desc editing is not "
+                "supported; give type, inputs, outputs and attrs in one call "
+                "(docs/departures.md)"
+            )
         return self.insert_op(len(self.ops), type, inputs, outputs, attrs, source)
 
     def insert_op(self, index, type, inputs=None, outputs=None, attrs=None, source=None) -> OpDesc:

@@ -148,7 +148,8 @@ class IfElse:
     def _check_cond(self, cond: Any) -> VarDesc:
         cond = _check_cond_var(cond, f"IfElse '{getattr(self, '_name', 'ifelse')}'")
         shape = cond.shape
-        if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
+        # An unknown second dim is checked at run time (the ifelse op's row_mask), as Fluid.
+        if not (len(shape) == 1 or (len(shape) == 2 and shape[1] in (1, -1))):
             raise ControlFlowError(
                 f"IfElse: the condition '{cond.name}' has shape {list(shape)}; it must be "
                 f"[N, 1] or [N] (one bool per row)"

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nestflow.core.dtype import dtype_name
-from nestflow.errors import AttrError, DTypeError, ShapeError
+from nestflow.errors import AttrError, DTypeError, ShapeError, TypeMismatchError
 from nestflow.framework import unique_name
 from nestflow.framework.program import VarDesc
 from nestflow.layers.helper import (
@@ -511,6 +511,11 @@ def split(input, num_or_sections, dim: int = -1, name=None) -> list[VarDesc]:
     >>> [v.shape for v in nf.layers.split(x, [2, 4], dim=1)]
     [(-1, 2), (-1, 4)]
     """
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        # Fluid's check_type: a float dim is a TypeError, as Fluid's split test expects.
+        raise layer_error(
+            TypeMismatchError, "split", f"dim must be an int, got {type(dim).__name__} ({dim!r})"
+        )
     if isinstance(num_or_sections, int):
         count, attrs = num_or_sections, {"num": num_or_sections, "sections": [], "axis": dim}
     else:

@@ -64,3 +64,33 @@ def test_embedding_of_column_ids_is_n_by_dim_as_its_docstring_says():
     nf.Executor().run(nf.default_startup_program())
     (value,) = nf.Executor().run(feed={"ids": np.array([[1], [4]])}, fetch_list=[out])
     assert value.shape == (2, 3)
+
+
+def test_ifelse_condition_of_unknown_width_is_checked_at_run_time():
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        a = nf.data("a", [-1, -1])
+        cond = nf.layers.less_than(a, nf.layers.fill_constant([1], "float32", 0.0))
+        ie = nf.layers.IfElse(cond)  # Fluid checks the condition's shape at run time
+        with ie.true_block():
+            ie.output(ie.input(a))
+        with ie.false_block():
+            ie.output(ie.input(a) * 2.0)
+        (out,) = ie()
+    feed = {"a": np.array([[-1.0], [3.0]], "float32")}
+    (got,) = nf.Executor().run(main, feed=feed, fetch_list=[out])
+    np.testing.assert_array_equal(got, [[-1.0], [6.0]])
+    with pytest.raises(nf.errors.NestflowError, match=r"\[N, 1\] or \[N\]"):
+        nf.Executor().run(main, feed={"a": np.ones((2, 2), "float32")}, fetch_list=[out])
+
+
+def test_split_with_a_float_axis_is_a_type_error_as_fluids_test_expects():
+    x = nf.data("x", [-1, 4])
+    with pytest.raises(TypeError, match="dim must be an int, got float"):
+        nf.layers.split(x, 2, dim=3.2)
+
+
+def test_append_op_without_a_type_names_the_alternative():
+    block = nf.Program().global_block()
+    with pytest.raises(nf.errors.AttrError, match="give type, inputs, outputs and attrs"):
+        block.append_op()
