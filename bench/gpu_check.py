@@ -73,7 +73,7 @@ def main() -> int:
         report.line("skipped (--skip-ops)")
     report.section("Demos trained on the device (held-out accuracy; CPU target)")
     for name, (process, log) in children.items():
-        report.line(finish_demo(name, process, log))
+        report.line(finish_demo(name.removeprefix("demo "), process, log))
     report.section("Summary")
     if benchmarks:
         report.line(benchmarks)
@@ -150,7 +150,7 @@ def start_op_checks(place_name: str):
         command += ["-n", "6"]
     except ImportError:
         pass
-    command += ["tests/ops", "tests/executor/test_places.py"]
+    command += ["tests/ops", "tests/optimizer/test_update_ops.py", "tests/executor/test_places.py"]
     out = open(log.with_suffix(".out"), "w")  # noqa: SIM115  (closed in finish_op_checks)
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     return process, log
@@ -233,7 +233,7 @@ def round_trip(nf, place) -> str:
     exe.run(startup, scope=scope)
     for _ in range(5):
         exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
-    (on_device,) = exe.run(main, feed={"x": xs}, fetch_list=[logits], scope=scope)
+    (on_device,) = exe.eval(main, [logits], feed={"x": xs}, scope=scope)
     with tempfile.TemporaryDirectory() as folder:
         nf.io.save_inference_model(folder, ["x"], [logits], main, scope)
         cpu = nf.Executor(nf.CPUPlace())
