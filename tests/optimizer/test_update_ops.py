@@ -328,7 +328,84 @@ CLIPS = [
 ]
 
 
-@pytest.mark.parametrize("case", UPDATES + [FLUID_ADADELTA, ZERO_LAMB] + CLIPS, ids=case_id)
+def ref_sgd(Param, Grad, LearningRate):
+    return {"ParamOut": Param - LearningRate[0] * Grad}
+
+
+def ref_momentum(Param, Grad, Velocity, LearningRate, mu, use_nesterov):
+    velocity = mu * Velocity + Grad
+    step = Grad + mu * velocity if use_nesterov else velocity
+    return {"ParamOut": Param - LearningRate[0] * step, "VelocityOut": velocity}
+
+
+def ref_adam(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **attrs):
+    b1, b2, eps = attrs["beta1"], attrs["beta2"], attrs["epsilon"]
+    m1 = b1 * Moment1 + (1 - b1) * Grad
+    m2 = b2 * Moment2 + (1 - b2) * Grad**2
+    lr = LearningRate[0] * np.sqrt(1 - Beta2Pow[0]) / (1 - Beta1Pow[0])
+    return {
+        "ParamOut": Param - lr * m1 / (np.sqrt(m2) + eps * np.sqrt(1 - Beta2Pow[0])),
+        "Moment1Out": m1,
+        "Moment2Out": m2,
+        "Beta1PowOut": Beta1Pow * b1,
+        "Beta2PowOut": Beta2Pow * b2,
+    }
+
+
+# The plain updates, on every place of the harness (their fused multi-parameter forms are
+# checked in tests/optimizer/test_optimizers.py).
+PLAIN = (
+    [
+        OpCase(
+            "sgd",
+            {"Param": normal(shape), "Grad": normal(shape), "LearningRate": one(0.1)},
+            ref_sgd,
+            id=f"sgd-{shape}",
+            rtol=1e-12,
+        )
+        for shape in SHAPES
+    ]
+    + [
+        OpCase(
+            "momentum",
+            {
+                "Param": normal(shape),
+                "Grad": normal(shape),
+                "Velocity": normal(shape),
+                "LearningRate": one(0.1),
+            },
+            ref_momentum,
+            {"mu": 0.9, "use_nesterov": nesterov},
+            id=f"momentum-{shape}-{'nesterov' if nesterov else 'plain'}",
+            rtol=1e-12,
+        )
+        for shape in SHAPES
+        for nesterov in (False, True)
+    ]
+    + [
+        OpCase(
+            "adam",
+            {
+                "Param": normal(shape),
+                "Grad": normal(shape),
+                "LearningRate": one(0.01),
+                "Moment1": normal(shape),
+                "Moment2": positive(shape),
+                "Beta1Pow": one(0.9**3),
+                "Beta2Pow": one(0.999**3),
+            },
+            lambda **kw: like_param(kw["Param"], ref_adam(**kw)),
+            {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
+            id=f"adam-{shape}",
+            rtol=1e-10,
+            check_dtype=False,
+        )
+        for shape in SHAPES
+    ]
+)
+
+
+@pytest.mark.parametrize("case", UPDATES + PLAIN + [FLUID_ADADELTA, ZERO_LAMB] + CLIPS, ids=case_id)
 def test_op_matches_numpy(case):
     case.check()
 
