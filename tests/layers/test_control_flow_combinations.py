@@ -260,9 +260,9 @@ def _grad_op_reads_the_forward_step_scopes(forward_type):
 def _ifelse_dropout(x):
     ie = nf.ifelse(L.data("c", [-1, 1], "bool"))
     with ie.true_block():
-        ie.output(L.dropout(x, 0.5))
+        ie.output(L.dropout(x, 0.5, dropout_implementation="upscale_in_train"))
     with ie.false_block():
-        ie.output(L.scale(L.dropout(x, 0.5), 3.0))
+        ie.output(L.scale(L.dropout(x, 0.5, dropout_implementation="upscale_in_train"), 3.0))
     (out,) = ie()
     return out
 
@@ -270,7 +270,13 @@ def _ifelse_dropout(x):
 def _rnn_dropout(x):
     rnn = nf.rnn()
     with rnn.step():
-        rnn.output(L.dropout(rnn.step_input(x, lengths=L.data("lengths", [-1], "int64")), 0.5))
+        rnn.output(
+            L.dropout(
+                rnn.step_input(x, lengths=L.data("lengths", [-1], "int64")),
+                0.5,
+                dropout_implementation="upscale_in_train",
+            )
+        )
     return rnn()
 
 
@@ -281,7 +287,7 @@ def _while_dropout(x):
     array = L.create_array("float64")
     loop = nf.While(cond)
     with loop.block():
-        L.array_write(L.dropout(x, 0.5), i, array)
+        L.array_write(L.dropout(x, 0.5, dropout_implementation="upscale_in_train"), i, array)
         L.increment(i)
         L.less_than(i, n, out=cond)
     return L.array_to_tensor(array)
