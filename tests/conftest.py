@@ -13,9 +13,10 @@ import nestflow as nf
 # session ends fails the run, and the folder is removed either way. pytest's own tmp_path
 # folders stay where they were (PYTEST_DEBUG_TEMPROOT), kept and pruned by pytest.
 _SESSION_TEMP: list[str] = []
-# What other programs keep in TMPDIR while they run: Open MPI's session folder (a job the
-# launch tests kill on purpose cannot remove it) and PyTorch's compile cache.
-_THEIRS = ("ompi.", "torchinductor_")
+# What other programs keep in TMPDIR: Open MPI's session folder (a job the launch tests kill
+# on purpose cannot remove it), PyTorch's compile cache, and the session id file `.ses` that
+# importing onnxruntime writes.
+_THEIRS = ("ompi.", "torchinductor_", ".ses")
 
 
 def pytest_configure(config):
