@@ -37,6 +37,7 @@ import numpy as np
 from nestflow.core.device_context import DeviceContext, array_module
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
+from nestflow.ops.activation import erf
 from nestflow.ops.indexing import check_index_range
 from nestflow.ops.registry import (
     Required,
@@ -113,73 +114,11 @@ class onnx_erf:
         return X
 
     def forward(X, xp):
-        if xp is np:  # NumPy has no erf: math.erf's, exact; a device computes Cephes' (_erf)
-            flat = np.fromiter(map(math.erf, X.ravel().tolist()), np.float64, count=X.size)
-            return flat.reshape(X.shape).astype(X.dtype)
-        return _erf(X.astype(np.float64), xp).astype(X.dtype)
+        return erf(X.astype(np.float64), xp).astype(X.dtype)
 
     def backward(X, Out, Out_grad, xp):
         slope = xp.exp(-xp.square(X.astype(np.float64))) * (2.0 / math.sqrt(math.pi))
         return (xp.asarray(Out_grad * slope).astype(X.dtype),)
-
-
-# erf's rational approximations from Cephes (S. L. Moshier, public domain; scipy's too):
-# x T(x^2) / U(x^2) for |x| <= 1, else 1 - exp(-x^2) P(|x|) / Q(|x|); within 4e-16 of
-# math.erf (tests/ops/test_onnx_compat.py). Past |x| = 6, erfc < 2**-54: erf is +-1 exactly.
-_ERF_T = (
-    9.60497373987051638749e0,
-    9.00260197203842689217e1,
-    2.23200534594684319226e3,
-    7.00332514112805075473e3,
-    5.55923013010394962768e4,
-)
-_ERF_U = (
-    1.0,
-    3.35617141647503099647e1,
-    5.21357949780152679795e2,
-    4.59432382970980127987e3,
-    2.26290000613890934246e4,
-    4.92673942608635921086e4,
-)
-_ERFC_P = (
-    2.46196981473530512524e-10,
-    5.64189564831068821977e-1,
-    7.46321056442269912687e0,
-    4.86371970985681366614e1,
-    1.96520832956077098242e2,
-    5.26445194995477358631e2,
-    9.34528527171957607540e2,
-    1.02755188689515710272e3,
-    5.57535335369399327526e2,
-)
-_ERFC_Q = (
-    1.0,
-    1.32281951154744992508e1,
-    8.67072140885989742329e1,
-    3.54937778887819891062e2,
-    9.75708501743205489753e2,
-    1.82390916687909736289e3,
-    2.24633760818710981792e3,
-    1.65666309194161350182e3,
-    5.57535340817727675546e2,
-)
-
-
-def _polynomial(x, coefficients: tuple[float, ...]):
-    total = coefficients[0]
-    for c in coefficients[1:]:
-        total = total * x + c
-    return total
-
-
-def _erf(x, xp):
-    """erf of float64 `x` from xp's elementwise functions (CuPy's core has no erf)."""
-    inner = xp.clip(x, -1.0, 1.0)  # the |x| <= 1 branch, kept finite everywhere
-    z = inner * inner
-    small = inner * _polynomial(z, _ERF_T) / _polynomial(z, _ERF_U)
-    a = xp.minimum(xp.abs(x), 6.0)
-    large = 1.0 - xp.exp(-a * a) * _polynomial(a, _ERFC_P) / _polynomial(a, _ERFC_Q)
-    return xp.where(xp.abs(x) <= 1.0, small, xp.copysign(large, x))
 
 
 @register_op
