@@ -134,8 +134,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _show(path: str, graph: str | None = None, all_attrs: bool = False) -> int:
-    from nestflow.core.tensor import Tensor
     from nestflow.cli.listing import program_listing
+    from nestflow.core.tensor import Tensor
     from nestflow.framework.program import Program
     from nestflow.io import inference
 
