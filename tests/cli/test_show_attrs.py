@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 import nestflow as nf
-from nestflow.cli.main import main
 from nestflow.cli.listing import op_line, program_listing
+from nestflow.cli.main import main
 
 
 def _conv_program_file(tmp_path):
