@@ -114,3 +114,18 @@ def test_rnn_demo_dispatches_to_its_module(monkeypatch):
     monkeypatch.setitem(sys.modules, "nestflow.cli.demo_rnn", fake)
     assert main(["demo", "--model", "rnn", "--epochs", "2"]) == 0
     assert seen == [2]
+
+
+@pytest.mark.parametrize("model", ["mlp", "conv"])
+def test_a_demo_trains_on_the_stand_in_device(model):
+    """DESIGN Places: `nestflow demo --place standin` runs the demo's device code path (the
+    GPU's, with NumPy memory behind a CuPy-like module) to the end, reload included."""
+    args = ["demo", "--model", model, "--place", "standin", "--epochs", "1", "--limit", "300"]
+    result = subprocess.run(
+        [sys.executable, "-m", "nestflow", *args, "--no-progress", "--min-accuracy", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "test accuracy" in result.stdout
