@@ -28,6 +28,7 @@ def test_pyproject_declares_the_runtime_dependencies_and_extras():
         return {re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0].lower() for r in requirements}
 
     assert names(project["dependencies"]) == {
+        "ml_dtypes",
         "numpy",
         "protobuf",
         "safetensors",

@@ -1,7 +1,13 @@
-"""Dtype names: every dtype in nestflow is spelled as NumPy's canonical name ("float32")."""
+"""Dtype names: every dtype in nestflow is spelled as NumPy's canonical name ("float32").
+
+bfloat16 is ml_dtypes' NumPy dtype (what JAX and TensorFlow use on the CPU; CuPy arrays take
+it too): importing it here registers the name, so np.dtype("bfloat16") works everywhere. NumPy
+files it under kind "V", so "is this a float?" goes through `is_floating`, never `dtype.kind`.
+"""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from nestflow.errors import DTypeError
@@ -12,7 +18,13 @@ _ALIASES = {
     "int": "int32",
     "long": "int64",
     "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
 }
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# The floating dtypes mixed precision computes in (nf.amp), narrowest range first.
+LOW_PRECISION = ("float16", "bfloat16")
 
 
 # Fluid's VarType.Type codes of the tensor dtypes (framework.proto of Paddle 1.x).
@@ -26,6 +38,7 @@ FLUID_VAR_TYPES = {
     6: "float64",
     20: "uint8",
     21: "int8",
+    22: "bfloat16",
 }
 
 
@@ -47,4 +60,21 @@ def dtype_name(dtype) -> str:
 
 
 def is_floating(dtype) -> bool:
-    return np.issubdtype(np.dtype(dtype), np.floating)
+    """Whether `dtype` (any spelling) is a real floating dtype, bfloat16 included.
+
+    >>> is_floating("bfloat16"), is_floating("float16"), is_floating("int32")
+    (True, True, False)
+    """
+    resolved = np.dtype(dtype)
+    return resolved == BFLOAT16 or np.issubdtype(resolved, np.floating)
+
+
+def is_inexact(dtype) -> bool:
+    """Floating (bfloat16 included) or complex: the dtypes that carry gradients."""
+    resolved = np.dtype(dtype)
+    return resolved == BFLOAT16 or resolved.kind in "fc"
+
+
+def finfo(dtype):
+    """np.finfo, bfloat16 included (NumPy's own refuses it)."""
+    return ml_dtypes.finfo(np.dtype(dtype))

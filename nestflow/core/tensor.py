@@ -7,21 +7,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from nestflow.core.dtype import dtype_name
+from nestflow.core.dtype import BFLOAT16, dtype_name
 from nestflow.core.place import CPUPlace, Place, place_of
 from nestflow.errors import DTypeError, ShapeError, UninitializedError
 
 
 def numeric_dtype(dtype, what: str) -> np.dtype:
     """`dtype` (any spelling; "float" is float32 as in a VarDesc) as a NumPy dtype a tensor may
-    have: bool, integer, float or complex. DTypeError naming `what` for others (structured,
+    have: bool, integer, float (bfloat16 too) or complex. DTypeError naming `what` for others (structured,
     object, strings), which no kernel takes."""
     name = dtype_name(dtype)
     try:
         resolved = np.dtype(name)
     except TypeError:  # a structured dtype's name ("void128") is no dtype spelling
         resolved = None
-    if resolved is None or resolved.kind not in "biufc":
+    if resolved is None or (resolved.kind not in "biufc" and resolved != BFLOAT16):
         raise DTypeError(f"{what}: dtype {dtype!r} ({name}) is not a numeric tensor dtype")
     return resolved
 

@@ -35,8 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
+from nestflow.core.dtype import is_inexact
 from nestflow.errors import NestflowError, TypeMismatchError
 from nestflow.framework.nesting import nesting_depth, stack_room
 from nestflow.framework.program import (
@@ -231,7 +230,7 @@ class _GradBuilder:
 
 
 def _differentiable(var: VarDesc) -> bool:
-    return var.type in ("lod_tensor", "tensor_array") and np.dtype(var.dtype).kind in "fc"
+    return var.type in ("lod_tensor", "tensor_array") and is_inexact(var.dtype)
 
 
 def _declare_grad(block: Block, var: VarDesc | None, grad: str) -> VarDesc:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError
 from nestflow.framework import unique_name
 from nestflow.framework.program import (
@@ -96,8 +97,8 @@ def _adam_state(u: _Updates, param, beta1: float, beta2: float) -> dict[str, Var
     }
 
 
-def _adam(u: _Updates, param, grad, lr, beta1, beta2, epsilon) -> OpDesc:
-    attrs = {"beta1": beta1, "beta2": beta2, "epsilon": epsilon}
+def _adam(u: _Updates, param, grad, lr, beta1, beta2, epsilon, lazy_mode) -> OpDesc:
+    attrs = {"beta1": beta1, "beta2": beta2, "epsilon": epsilon, "lazy_mode": lazy_mode}
     return u.update("adam", param, grad, lr, _adam_state(u, param, beta1, beta2), attrs)
 
 
@@ -179,7 +180,7 @@ _BETAS = {"beta1": 0.9, "beta2": 0.999}
 UPDATE_RULES: dict[str, UpdateRule] = {
     "sgd": UpdateRule(_sgd),
     "momentum": UpdateRule(_momentum, {"momentum": 0.9, "use_nesterov": False}),
-    "adam": UpdateRule(_adam, {**_BETAS, "epsilon": 1e-8}, 1e-3),
+    "adam": UpdateRule(_adam, {**_BETAS, "epsilon": 1e-8, "lazy_mode": False}, 1e-3),
     "adamw": UpdateRule(
         _adamw,
         {**_BETAS, "epsilon": 1e-8, "weight_decay": 0.01, "apply_decay_param_fun": None},
@@ -265,7 +266,7 @@ def check_learning_rate(kind: str, learning_rate: Any) -> float | VarDesc:
             raise AttrError(f"optimizer '{kind}' needs a 'learning_rate'")
     if isinstance(learning_rate, VarDesc):
         var = learning_rate
-        if not np.issubdtype(np.dtype(var.dtype), np.floating) or (
+        if not is_floating(var.dtype) or (
             all(d >= 0 for d in var.shape) and int(np.prod(var.shape)) != 1
         ):
             raise AttrError(
@@ -300,9 +301,18 @@ def check_gradient_transforms(
         )
 
 
-def decay_term(param: VarDesc, block: Block, coeff: float, l1: bool = False) -> VarDesc:
+def decay_term(
+    param: VarDesc, block: Block, coeff: float, l1: bool = False, grad: VarDesc | None = None
+) -> VarDesc:
     """The term weight decay adds to `param`'s gradient, as ops of `block`: coeff * param (L2)
-    or coeff * sign(param) (L1), Fluid's L2Decay/L1Decay."""
+    or coeff * sign(param) (L1), Fluid's L2Decay/L1Decay. For a sparse `grad` (a SelectedRows)
+    the term is a SelectedRows too, of the gradient's rows only, as Fluid decays them."""
+    if grad is not None and grad.type == "selected_rows":
+        name = unique_name.generate(f"{param.name}.decay")
+        term = block.create_var(name, param.shape, param.dtype, type="selected_rows")
+        attrs = {"coeff": float(coeff), "l1": l1}
+        block.append_op("selected_rows_decay", {"Param": [param], "Grad": [grad]}, {"Out": [term]}, attrs)
+        return term
     source = param
     if l1:
         sign = unique_name.generate(f"{param.name}.sign")

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from nestflow.core.device_context import DeviceContext, device_context
+from nestflow.core.dtype import LOW_PRECISION, is_inexact
 from nestflow.errors import ExecutionError, NanInfError, NestflowError
 from nestflow.framework.program import Block, OpDesc
 from nestflow.ops.registry import OpDef, VarInfo, get_op_def, place_args, shape_stand_in
@@ -558,6 +559,8 @@ def _kernel_call(
         attrs = {**attrs, **place_args(kernel, device)}
         if attrs:
             kernel = functools.partial(kernel, **attrs)
+    returns_tuple = len(op_def.outputs) > 1 or op_def.forward_type is not None
+    kernel = _keeping_low_precision(op, op_def, kernel, returns_tuple)
     # Argument sources: one slot, a list of slots (duplicable), or absent (None).
     args = []
     for slot in op_def.inputs:
@@ -566,7 +569,6 @@ def _kernel_call(
             args.append(list(indices or []))
         else:
             args.append(indices[0] if indices and indices[0] >= 0 else None)
-    returns_tuple = len(op_def.outputs) > 1 or op_def.forward_type is not None
     targets = []
     for slot in op_def.outputs:
         indices = out_slots.get(slot.name)
@@ -584,6 +586,45 @@ def _kernel_call(
             call.donor, call.into = donor, _into(kernel)
         break
     return call
+
+
+def _keeping_low_precision(
+    op: OpDesc, op_def: OpDef, kernel: Callable, returns_tuple: bool
+) -> Callable:
+    """`kernel`, its float results cast to the float16/bfloat16 its outputs are declared as
+    (the kernel itself where none is). NumPy promotes bfloat16 (ml_dtypes' dtype) times a
+    Python float to float32, so a kernel written for float32 computes a bfloat16 op partly in
+    float32; the result still has the declared dtype. Float32 programs pay nothing."""
+    wanted = []
+    for slot in op_def.outputs:
+        dtypes = []
+        for name in op.output(slot.name) if slot.name in op.outputs else []:
+            var = op.block.find_var(name) if name else None
+            low = var is not None and var.type == "lod_tensor" and var.dtype in LOW_PRECISION
+            dtypes.append(np.dtype(var.dtype) if low else None)
+        wanted.append(dtypes if slot.duplicable else (dtypes[0] if dtypes else None))
+    if all(d is None for w in wanted for d in _listed(w)):
+        return kernel
+
+    def cast(value: Any, want: Any) -> Any:
+        if isinstance(want, list):
+            return value if value is None else [cast(v, w) for v, w in zip(value, want)]
+        dtype = getattr(value, "dtype", None)
+        if want is None or dtype is None or dtype == want or not is_inexact(dtype):
+            return value
+        return value.astype(want)
+
+    def keeping(*args: Any, **kwargs: Any) -> Any:
+        result = kernel(*args, **kwargs)
+        if not returns_tuple:
+            return cast(result, wanted[0])
+        return tuple(cast(r, w) for r, w in zip(result, wanted))
+
+    return keeping
+
+
+def _listed(value: Any) -> list:
+    return value if isinstance(value, list) else [value]
 
 
 def _same_array_type(op: OpDesc, in_slot: str, out_slot: str) -> bool:

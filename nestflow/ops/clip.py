@@ -1,5 +1,7 @@
 """Ops that shape gradients between backward and the update: clip_by_norm,
-clip_by_global_norm and `sign` (L1Decay's decay term); clipping by value is the `clip` op.
+clip_by_global_norm, `sign` (L1Decay's decay term) and selected_rows_decay (a sparse
+gradient's decay term); clipping by value is the `clip` op. The clips take a SelectedRows
+gradient as Fluid does: its rows merged, the norm that of the dense tensor it stands for.
 
 They act on gradients, so none has a gradient of its own. clip_by_norm is Fluid's op; the
 global-norm clip is one op over all gradients (Fluid builds it from square, reduce_sum, sums,
@@ -10,12 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from nestflow.core.dtype import is_floating
+from nestflow.core.selected_rows import SelectedRows
 from nestflow.errors import AttrError, DTypeError
 from nestflow.ops.registry import Required, VarInfo, register_op
 
 
 def _floating(name: str, info: VarInfo) -> VarInfo:
-    if not np.issubdtype(np.dtype(info.dtype), np.floating):
+    if not is_floating(info.dtype):
         raise DTypeError(f"{name} must be floating point, got {info.dtype}")
     return info
 
@@ -24,6 +28,19 @@ def _squared_norm(x, xp):
     """The sum of the squares of all of x's elements, in float64 (0-d, on x's place)."""
     flat = xp.asarray(x, np.float64).ravel()
     return xp.dot(flat, flat)
+
+
+def _merged(x):
+    """A SelectedRows with each row once (so its values' norm is the dense tensor's)."""
+    return x.merged() if isinstance(x, SelectedRows) else x
+
+
+def _scaled(x, scale, xp):
+    """x * scale, a SelectedRows keeping its rows."""
+    if isinstance(x, SelectedRows):
+        values = xp.asarray(x.values * scale.astype(x.dtype))
+        return SelectedRows(x.rows, values, x.height, check=False)
+    return xp.asarray(x * scale.astype(x.dtype))
 
 
 @register_op
@@ -42,9 +59,10 @@ class clip_by_norm:
     def forward(X, max_norm, xp):
         # max_norm / max(norm, max_norm): 1 (X unchanged) unless the norm exceeds max_norm, NaN
         # for a NaN norm; computed on X's place, never read on the host
-        norm = xp.sqrt(_squared_norm(X, xp))
+        X = _merged(X)
+        norm = xp.sqrt(_squared_norm(X.values if isinstance(X, SelectedRows) else X, xp))
         scale = max_norm / xp.maximum(norm, max_norm)
-        return xp.asarray(X * scale.astype(X.dtype))
+        return _scaled(X, scale, xp)
 
 
 @register_op
@@ -61,9 +79,31 @@ class clip_by_global_norm:
         return [_floating(f"X[{i}]", x) for i, x in enumerate(X)]
 
     def forward(X, max_global_norm, xp):
-        total = xp.sqrt(sum(_squared_norm(x, xp) for x in X))
+        X = [_merged(x) for x in X]
+        dense = [x.values if isinstance(x, SelectedRows) else x for x in X]
+        total = xp.sqrt(sum(_squared_norm(x, xp) for x in dense))
         scale = max_global_norm / xp.maximum(total, max_global_norm)
-        return [xp.asarray(x * scale.astype(x.dtype)) for x in X]
+        return [_scaled(x, scale, xp) for x in X]
+
+
+@register_op
+class selected_rows_decay:
+    """Out = the SelectedRows of Grad's rows (repeats kept) holding coeff * Param[rows], or
+    coeff * sign(Param[rows]) with `l1`: L2Decay/L1Decay's term for a sparse gradient, which
+    Fluid builds from extract_rows, lookup_table and scale."""
+
+    inputs, outputs = ("Param", "Grad"), ("Out",)
+    attrs = {"coeff": 0.0, "l1": False}
+
+    def infer(Param, Grad, coeff, l1):
+        return _floating("Param", Param)
+
+    def forward(Param, Grad, coeff, l1, xp):
+        picked = Param[Grad.rows]
+        if l1:
+            picked = xp.sign(picked)
+        values = xp.asarray(picked * xp.asarray(coeff, Param.dtype), Param.dtype)
+        return SelectedRows(Grad.rows, values, Param.shape[0], check=False)
 
 
 @register_op

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
 from nestflow.ops.registry import Required, VarInfo, fail, register_op
 
@@ -205,7 +206,7 @@ class accuracy:
 
 def _same_shape(a: VarInfo, b: VarInfo, a_slot: str, b_slot: str) -> None:
     """DTypeError/ShapeError unless `b` has `a`'s float dtype and shape (-1 fits any dim)."""
-    if not np.issubdtype(np.dtype(a.dtype), np.floating):
+    if not is_floating(a.dtype):
         raise DTypeError(f"{a_slot} must be floating point, got {a.dtype}; cast it first")
     if b.dtype != a.dtype:
         raise DTypeError(f"{b_slot} is {b.dtype} but {a_slot} is {a.dtype}; cast one of them")

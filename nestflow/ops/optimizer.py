@@ -9,6 +9,15 @@ LearningRate is a variable of one element ([1] or 0-d) so it can be changed betw
 The formulas are torch.optim's (SGD with momentum/dampening 0, Adam without amsgrad, ...);
 slot and attr names are Fluid 1.x's. Where Fluid's rule differs (rmsprop's epsilon, adamax's
 epsilon, adadelta's learning rate) the op's docstring says how; lamb follows the paper.
+
+A Grad may be a SelectedRows (a sparse gradient, `embedding(is_sparse=True)`), taken as Fluid
+takes it. sgd, adagrad and adam with `lazy_mode` update only the rows it holds, and they write
+those rows of Param (and of their state) in place, as Fluid's sparse kernels do: a copy of a
+100,000-row table per step would cost more than the update itself (so a later op of the same
+run that fails leaves these rows updated). For sgd and adagrad that is the dense update
+exactly (the other rows' update is zero); adam with `lazy_mode` leaves the moments of absent
+rows as they were (torch's SparseAdam). momentum, adam without `lazy_mode` and the others
+update every row, with the rows scattered into a dense gradient first.
 """
 
 from __future__ import annotations
@@ -17,12 +26,14 @@ import math
 
 import numpy as np
 
+from nestflow.core.dtype import is_floating
+from nestflow.core.selected_rows import SelectedRows
 from nestflow.errors import DTypeError
 from nestflow.ops.registry import VarInfo, fail, register_op
 
 
 def _check_update(Param: VarInfo, Grad: VarInfo, LearningRate: VarInfo, **state: VarInfo) -> None:
-    if not np.issubdtype(np.dtype(Param.dtype), np.floating):
+    if not is_floating(Param.dtype):
         raise DTypeError(f"Param must be floating point, got {Param.dtype}")
     for name, info in {"Grad": Grad, **state}.items():
         if info.dtype != Param.dtype:
@@ -34,6 +45,20 @@ def _check_update(Param: VarInfo, Grad: VarInfo, LearningRate: VarInfo, **state:
             fail(f"{name} {list(info.shape)} must have Param's shape {list(Param.shape)}")
     if all(d >= 0 for d in LearningRate.shape) and math.prod(LearningRate.shape) != 1:
         fail(f"LearningRate must hold one value ([1] or 0-d), got {list(LearningRate.shape)}")
+
+
+def _dense(Grad):
+    """A SelectedRows gradient as the dense one it stands for (rows scattered in the order a
+    dense lookup_table gradient adds them, so the update is the dense one bit for bit)."""
+    return Grad.to_dense() if isinstance(Grad, SelectedRows) else Grad
+
+
+def _rows_in_place(array, xp):
+    """`array` itself when a sparse update may write its rows, else a copy (a read-only array:
+    a memory-mapped or broadcast one)."""
+    if xp is np and not array.flags.writeable:
+        return array.copy()
+    return array
 
 
 def _scalar(value, dtype, xp) -> np.ndarray:
@@ -55,6 +80,12 @@ class sgd:
 
     def forward(Param, Grad, LearningRate, xp, out=None):
         lr = _scalar(LearningRate, Param.dtype, xp)
+        if isinstance(Grad, SelectedRows):
+            grad = Grad.merged()
+            param = _rows_in_place(Param, xp)
+            rows = grad.rows
+            param[rows] = param[rows] - lr * grad.values.astype(Param.dtype, copy=False)
+            return param
         if not Param.ndim:
             return xp.asarray(Param - lr * Grad)
         # One new array at most (none when the executor lends Grad's buffer as `out`).
@@ -79,6 +110,7 @@ class momentum:
     def forward(Param, Grad, Velocity, LearningRate, mu, use_nesterov, xp, out=None):
         dtype = Param.dtype
         lr, mu = _scalar(LearningRate, dtype, xp), _scalar(mu, dtype, xp)
+        Grad = _dense(Grad)  # Fluid's sparse momentum also decays every row's velocity
         if not Param.ndim:
             velocity = xp.asarray(mu * Velocity + Grad)
             step = Grad + mu * velocity if use_nesterov else velocity
@@ -98,11 +130,15 @@ class momentum:
 class adam:
     """Moment1Out = b1*m + (1-b1)*g; Moment2Out = b2*v + (1-b2)*g^2; with Beta1Pow = b1^t,
     ParamOut = Param - lr/(1-b1^t) * m' / (sqrt(v')/sqrt(1-b2^t) + epsilon) (torch.optim.Adam).
-    Beta1Pow/Beta2Pow start at beta1/beta2 and are multiplied by them each step."""
+    Beta1Pow/Beta2Pow start at beta1/beta2 and are multiplied by them each step.
+
+    `lazy_mode` (Fluid's) matters for a SelectedRows Grad only: the rows it holds are updated
+    and the other rows' parameters and moments stay as they are (torch's SparseAdam); without
+    it every row is updated as with the dense gradient."""
 
     inputs = ("Param", "Grad", "LearningRate", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow")
     outputs = ("ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut", "Beta2PowOut")
-    attrs = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
+    attrs = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "lazy_mode": False}
     inplace = {"ParamOut": "Grad"}
 
     def infer(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, **_attrs):
@@ -115,6 +151,13 @@ class adam:
     def forward(
         Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, xp, out=None, **attrs
     ):
+        lazy = attrs.pop("lazy_mode", False)
+        if isinstance(Grad, SelectedRows):
+            if lazy and Param.ndim:
+                return _lazy_adam(
+                    Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, xp, **attrs
+                )
+            Grad = _dense(Grad)
         if not Param.ndim:  # ufuncs give 0-d inputs back as scalars, which take no out=
             flat = [a.reshape(1) for a in (Param, Grad)]
             moments = [a.reshape(1) for a in (Moment1, Moment2)]
@@ -153,6 +196,41 @@ class adam:
         )
 
 
+def _lazy_adam(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, xp, **attrs):
+    """adam on the rows of the SelectedRows `Grad` only, written in place; each row's
+    arithmetic is the dense kernel's, in its order."""
+    beta1, beta2, epsilon = attrs["beta1"], attrs["beta2"], attrs["epsilon"]
+    dtype = Param.dtype
+    grad = Grad.merged()
+    rows, g = grad.rows, grad.values.astype(dtype, copy=False)
+    correction1 = 1.0 - _value(Beta1Pow, xp)
+    correction2 = 1.0 - _value(Beta2Pow, xp)
+    step = _scalar(_value(LearningRate, xp) / correction1, dtype, xp)
+    m = Moment1[rows] * _scalar(beta1, dtype, xp)
+    m += g * _scalar(1.0 - beta1, dtype, xp)
+    v = Moment2[rows] * _scalar(beta2, dtype, xp)
+    scratch = g * g
+    scratch *= _scalar(1.0 - beta2, dtype, xp)
+    v += scratch
+    denom = xp.sqrt(v)
+    denom /= _scalar(xp.sqrt(correction2), dtype, xp)
+    denom += _scalar(epsilon, dtype, xp)
+    update = xp.divide(m, denom, out=denom)
+    update *= step
+    param = _rows_in_place(Param, xp)
+    moment1, moment2 = _rows_in_place(Moment1, xp), _rows_in_place(Moment2, xp)
+    param[rows] = param[rows] - update
+    moment1[rows] = m
+    moment2[rows] = v
+    return (
+        param,
+        moment1,
+        moment2,
+        xp.asarray(Beta1Pow * beta1, Beta1Pow.dtype),
+        xp.asarray(Beta2Pow * beta2, Beta2Pow.dtype),
+    )
+
+
 def _check_one_value(name: str, info: VarInfo | None) -> None:
     if info is not None and all(d >= 0 for d in info.shape) and math.prod(info.shape) != 1:
         fail(f"{name} must hold one value ([1] or 0-d), got {list(info.shape)}")
@@ -188,6 +266,16 @@ class adagrad:
         return Param, Param
 
     def forward(Param, Grad, Moment, LearningRate, epsilon, xp):
+        if isinstance(Grad, SelectedRows):  # the other rows' update is zero: skip them
+            grad = Grad.merged()
+            rows, g = grad.rows, grad.values.astype(Param.dtype, copy=False)
+            moment = Moment[rows] + g * g
+            std = xp.sqrt(moment) + _scalar(epsilon, Param.dtype, xp)
+            lr = _scalar(LearningRate, Param.dtype, xp)
+            param, moments = _rows_in_place(Param, xp), _rows_in_place(Moment, xp)
+            param[rows] = param[rows] - lr * (g / std)
+            moments[rows] = moment
+            return param, moments
         moment = Moment + Grad * Grad
         std = xp.sqrt(moment) + _scalar(epsilon, Param.dtype, xp)
         lr = _scalar(LearningRate, Param.dtype, xp)
@@ -220,6 +308,7 @@ class rmsprop:
         return Param, Param, Param, MeanGrad
 
     def forward(Param, MeanSquare, MeanGrad, LearningRate, Grad, Moment, xp, **attrs):
+        Grad = _dense(Grad)
         dtype = Param.dtype
         decay = _scalar(attrs["decay"], dtype, xp)
         rest = _scalar(1.0 - attrs["decay"], dtype, xp)
@@ -255,6 +344,7 @@ class adadelta:
         return Param, Param, Param
 
     def forward(Param, Grad, AvgSquaredGrad, AvgSquaredUpdate, LearningRate, rho, epsilon, xp):
+        Grad = _dense(Grad)
         dtype = Param.dtype
         keep, rest = _scalar(rho, dtype, xp), _scalar(1.0 - rho, dtype, xp)
         eps = _scalar(epsilon, dtype, xp)
@@ -283,6 +373,7 @@ class adamax:
         return Param, Param, Param, Beta1Pow
 
     def forward(Param, Grad, LearningRate, Moment, InfNorm, Beta1Pow, beta1, beta2, epsilon, xp):
+        Grad = _dense(Grad)
         dtype = Param.dtype
         moment = Moment * _scalar(beta1, dtype, xp) + Grad * _scalar(1.0 - beta1, dtype, xp)
         inf_norm = xp.maximum(InfNorm * _scalar(beta2, dtype, xp), xp.abs(Grad) + epsilon)
@@ -309,6 +400,7 @@ class adamw:
     def forward(
         Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, xp, out=None, **attrs
     ):
+        Grad = _dense(Grad)
         kept = _scalar(1.0 - _value(LearningRate, xp) * attrs.pop("coeff"), Param.dtype, xp)
         decayed = xp.asarray(Param * kept)
         return adam.forward(
@@ -336,6 +428,7 @@ class lamb:
         return Param, Param, Param, Beta1Pow, Beta2Pow
 
     def forward(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, xp, **attrs):
+        Grad = _dense(Grad)
         dtype = Param.dtype
         beta1, beta2 = attrs["beta1"], attrs["beta2"]
         m = Moment1 * _scalar(beta1, dtype, xp) + Grad * _scalar(1.0 - beta1, dtype, xp)

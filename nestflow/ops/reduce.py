@@ -14,12 +14,13 @@ import math
 
 import numpy as np
 
+from nestflow.core.dtype import is_floating
 from nestflow.errors import DTypeError, ShapeError
-from nestflow.ops.registry import VarInfo, fail, register_op
+from nestflow.ops.registry import VarInfo, fail, linear_double, register_op
 
 
 def _require_float(X: VarInfo, op: str) -> None:
-    if not np.issubdtype(np.dtype(X.dtype), np.floating):
+    if not is_floating(X.dtype):
         raise DTypeError(f"{op} needs a floating-point X, got {X.dtype}; cast it first")
 
 
@@ -47,6 +48,8 @@ class mean:
         # op never writes into an input; the executor reuses only writeable buffers).
         share = xp.asarray(Out_grad / max(X.size, 1), X.dtype)
         return (xp.broadcast_to(share, X.shape),)
+
+    double_backward = linear_double(forward)
 
 
 def _reduced_axes(ndim: int, dim: list, reduce_all: bool) -> tuple[int, ...]:
@@ -99,6 +102,8 @@ class reduce_sum:
     def backward(X, Out, Out_grad, dim, keep_dim, reduce_all, xp):
         return (_spread(Out_grad, X, _reduced_axes(X.ndim, dim, reduce_all), xp),)
 
+    double_backward = linear_double(forward)
+
 
 @register_op
 class reduce_mean:
@@ -121,6 +126,8 @@ class reduce_mean:
         axes = _reduced_axes(X.ndim, dim, reduce_all)
         count = max(math.prod(X.shape[a] for a in axes), 1)
         return (_spread(Out_grad / xp.asarray(count, Out_grad.dtype), X, axes, xp),)
+
+    double_backward = linear_double(forward)
 
 
 def _infer_extreme(X: VarInfo, dim: list, keep_dim: bool, reduce_all: bool) -> VarInfo:
