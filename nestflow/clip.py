@@ -76,7 +76,7 @@ class GradientClipBase(ABC):
     @staticmethod
     def _output(grad: VarDesc) -> VarDesc:
         name = unique_name.generate(f"{grad.name}.clipped")
-        return grad.block.create_var(name, grad.shape, grad.dtype)
+        return grad.block.create_var(name, grad.shape, grad.dtype, type=grad.type)
 
     @classmethod
     def _each(cls, grads: list[VarDesc], op_type: str, attrs: dict[str, float]) -> list[VarDesc]:

@@ -4,7 +4,10 @@ A regularizer adds a decay term to a parameter's gradient before the update, as 
 after the backward ops (and after gradient clipping): L2Decay(c) makes it grad + c * param
 (torch's `weight_decay`), L1Decay(c) grad + c * sign(param). Give one to an optimizer
 (`regularization=`, for every parameter) or to one parameter through
-`ParamAttr(regularizer=...)`, which takes precedence over the optimizer's.
+`ParamAttr(regularizer=...)`, which takes precedence over the optimizer's. A sparse gradient
+(a SelectedRows, `embedding(is_sparse=True)`) is decayed on its rows only, as Fluid does
+(once per occurrence of a row, as Fluid's term is looked up by the gradient's rows); it stays
+a SelectedRows, where Fluid writes the sum dense (the same values).
 
     >>> import nestflow as nf
     >>> opt = nf.optimizer.SGD(0.1, regularization=nf.regularizer.L2Decay(1e-4))
@@ -54,7 +57,7 @@ class WeightDecayRegularizer:
         self.regularization_coeff = float(coeff)
 
     def __call__(self, param: VarDesc, grad: VarDesc, block: Block) -> VarDesc:
-        return decay_term(param, block, self.regularization_coeff, l1=self.l1)
+        return decay_term(param, block, self.regularization_coeff, l1=self.l1, grad=grad)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(regularization_coeff={self.regularization_coeff})"

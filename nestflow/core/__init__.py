@@ -11,6 +11,7 @@ from nestflow.core.place import (
     set_default_place,
 )
 from nestflow.core.scope import Scope, live_scope_count
+from nestflow.core.selected_rows import SelectedRows
 from nestflow.core.tensor import Tensor
 from nestflow.core.variable import Variable
 
@@ -20,6 +21,7 @@ __all__ = [
     "DeviceContext",
     "Place",
     "Scope",
+    "SelectedRows",
     "StandInPlace",
     "Tensor",
     "Variable",

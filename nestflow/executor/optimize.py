@@ -311,7 +311,9 @@ def decay_term(
         name = unique_name.generate(f"{param.name}.decay")
         term = block.create_var(name, param.shape, param.dtype, type="selected_rows")
         attrs = {"coeff": float(coeff), "l1": l1}
-        block.append_op("selected_rows_decay", {"Param": [param], "Grad": [grad]}, {"Out": [term]}, attrs)
+        block.append_op(
+            "selected_rows_decay", {"Param": [param], "Grad": [grad]}, {"Out": [term]}, attrs
+        )
         return term
     source = param
     if l1:

@@ -13,10 +13,12 @@ class VarType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STEP_SCOPES: _ClassVar[VarType]
     TENSOR_ARRAY: _ClassVar[VarType]
     RAW: _ClassVar[VarType]
+    SELECTED_ROWS: _ClassVar[VarType]
 LOD_TENSOR: VarType
 STEP_SCOPES: VarType
 TENSOR_ARRAY: VarType
 RAW: VarType
+SELECTED_ROWS: VarType
 
 class VarDesc(_message.Message):
     __slots__ = ("name", "type", "dtype", "shape", "persistable", "stop_gradient", "is_parameter", "trainable", "is_sequence", "lengths_var")

@@ -58,6 +58,7 @@ VAR_TYPES = {
     "step_scopes": pb.STEP_SCOPES,
     "tensor_array": pb.TENSOR_ARRAY,
     "raw": pb.RAW,
+    "selected_rows": pb.SELECTED_ROWS,
 }
 _VAR_TYPE_NAMES = {v: k for k, v in VAR_TYPES.items()}
 

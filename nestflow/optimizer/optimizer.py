@@ -266,6 +266,9 @@ class Adagrad(Optimizer):
 
 class Adam(Optimizer):
     """torch.optim.Adam (bias-corrected, no amsgrad); Fluid's adam is the same rule.
+    `lazy_mode` (Fluid's) acts on sparse gradients (`embedding(is_sparse=True)`): only the
+    rows they hold are updated, the other rows' moments left as they are (torch's SparseAdam);
+    without it every row is updated as with the dense gradient.
 
     >>> x, y = nf.data("x", [-1, 2]), nf.data("y", [-1, 1])
     >>> loss = nf.layers.mean(nf.layers.square_error_cost(nf.layers.fc(x, 1), y))
@@ -291,6 +294,7 @@ class Adam(Optimizer):
         grad_clip=None,
         name=None,
         weight_decay: float | None = None,
+        lazy_mode: bool = False,
     ):
         super().__init__(**_arguments(locals()))
 
