@@ -28,6 +28,7 @@ from nestflow.ops import (  # noqa: F401  (registers the ops)
     sequence_nn,
     softmax_norms,
     tensor,
+    vision,
     while_loop,
 )
 from nestflow.ops.random_state import seed
