@@ -26,6 +26,7 @@ from nestflow.ops import (  # noqa: F401  (registers the ops)
     schedule,
     sequence,
     sequence_nn,
+    sequence_rnn,
     softmax_norms,
     tensor,
     vision,
