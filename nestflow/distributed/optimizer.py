@@ -17,6 +17,11 @@ DistributedOptimizer with tensor fusion, Paddle fleet's collective transpiler):
    average over the ranks;
 4. the wrapped optimizer's clip, regularization and update ops, on the averaged gradients.
 
+A sparse gradient (a SelectedRows, `embedding(is_sparse=True)`) is densified by the
+all-reduce, not all-gathered by rows: every rank sends the whole [height, dim] table, and
+the update after it is the dense one (a regularizer decays every row, Adam's lazy_mode has
+nothing to skip). Sparse updates stay a single-process saving.
+
 The startup program gets a c_check_layout op (every rank must synchronise the same variables
 with the same shapes and dtypes, else ProgramMismatchError on every rank) and then a
 c_broadcast from rank 0 of every persistable variable it initialises for the main program
@@ -175,6 +180,9 @@ class DistributedOptimizer:
             weight = self._weight(block) if self.batch_var is not None else None
             self.buckets = plan_buckets(block, params_grads, self.bucket_size_mb * 2**20)
             insert_allreduce_ops(block, self.buckets, weight)
+            for _, grad in params_grads:
+                if grad is not None and grad.type == "selected_rows":
+                    grad.type = "lod_tensor"  # the all-reduce densifies it
         ops = inner.apply_gradients(params_grads)
         append_startup_sync(startup, block.program, self.buckets, weight is not None)
         return ops, params_grads

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from nestflow.core.device_context import DeviceContext
+from nestflow.core.selected_rows import SelectedRows
 from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError, UninitializedError
 from nestflow.framework.program import OpDesc
 from nestflow.ops.registry import GradContext, GradOpSpec, Required, VarInfo, register_op
@@ -906,6 +907,9 @@ def _differ(a, b) -> bool:
 
 def _start_average(X, Param, Weight, device: DeviceContext) -> PendingAverage:
     world = WORLD.checked()
+    # A sparse gradient is densified: its rows differ from rank to rank, and an all-gather of
+    # rows would need sizes exchanged first (the distributed guide says so).
+    X = [x.to_dense() if isinstance(x, SelectedRows) else x for x in X]
     shapes = []
     for i, x in enumerate(X):
         if x is not None:
