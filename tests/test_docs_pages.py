@@ -14,11 +14,19 @@ Such a block is a skipped test of its own, with its reason, and the run prints t
 blocks run and skipped (tests/conftest.py's terminal summary). No extra dependency: the pages'
 fences are found by one regular expression, and the code compiled with the page's name and line
 numbers, so a traceback points into the Markdown.
+
+A tutorial ends with pictures (its program's graph, its loss curve) that its script writes into
+the working directory and the page shows from docs/img/ (`![...](img/NAME.svg)`): the run must
+write every picture its page shows, so a page cannot show a picture its script no longer makes.
+`NESTFLOW_DOCS_PICTURES=1 pytest tests/test_docs_pages.py` copies them into docs/img/, which is
+how the pictures there are made.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +39,7 @@ SKIP_MARK = re.compile(r"<!--\s*docs-test:\s*skip\s+(?P<reason>.+?)\s*-->")
 # A fence opens with ``` and an info string, and closes with ``` alone, at any indentation the
 # opening has (blocks inside list items are indented).
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)$")
+PICTURE = re.compile(r"!\[[^\]]*\]\(img/(?P<name>[^)\s]+)\)")
 
 # Filled as the pages run, for the terminal summary (tests/conftest.py).
 RESULTS: dict[str, int] = {"run": 0, "pages": 0}
@@ -110,6 +119,12 @@ def test_page_runs_as_pasted(page, fresh_page):
         RESULTS["run"] += 1
     RESULTS["pages"] += 1
     SECONDS[page] = time.perf_counter() - started
+    shown = PICTURE.findall((DOCS / page).read_text(encoding="utf-8"))
+    missing = [name for name in shown if not (fresh_page / name).is_file()]
+    assert not missing, f"docs/{page} shows img/{missing} that its blocks did not write"
+    if os.environ.get("NESTFLOW_DOCS_PICTURES"):
+        for name in shown:
+            shutil.copyfile(fresh_page / name, DOCS / "img" / name)
 
 
 @pytest.mark.parametrize("block", SKIPPED, ids=[f"{b.page}:{b.line}" for b in SKIPPED])
