@@ -15,6 +15,9 @@ Naming convention:
   (an outer read: a batch input, a parameter) is `x@GRAD@BLOCK<k>`, k = the gradient block's
   idx. So a grad block never writes the outer block's own `x@GRAD`; the control-flow grad op
   reads the block's contribution by that name and adds it into the outer gradient.
+- Gradients of gradients (a program already holding gradient ops, differentiated again): where
+  `x@GRAD` is taken (written by an op being differentiated), x's new gradient is `x@GRAD@2`
+  (or the next free number).
 - When a variable receives several contributions, each is written to a partial
   `<grad>@RENAME@<n>` and a `sum` op adds them into the gradient's name. A seed keeps the name
   its caller gave.
@@ -32,7 +35,8 @@ later calls for the input: grad makers ask about outputs first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from nestflow.core.dtype import is_inexact
@@ -91,6 +95,8 @@ class _GradBuilder:
         self.out_grad: dict[str, str | None] = {}
         self.out_asks: dict[str, int] = {}
         self.handed: dict[str, str] = {}  # partial names handed to the current grad maker
+        self.taken: set[str] = set()  # names the differentiated ops write (gradients of old)
+        self.bases: dict[str, str] = {}  # var -> its gradient's name where `x@GRAD` is taken
 
     # ---- the walk ----
     def walk(
@@ -99,6 +105,7 @@ class _GradBuilder:
         """Append the gradient ops of `ops` given gradients `seeds` (var -> grad name); returns
         var -> final gradient name for every source that received a gradient."""
         sources = list(dict.fromkeys(sources))
+        self.taken = {n for op in ops for n in op.output_names() if n}
         self.needs = self._needs_grad(ops, seeds, sources)
         for var, grad in seeds.items():
             self.partials[var] = [grad]
@@ -108,7 +115,18 @@ class _GradBuilder:
             ins = [n for n in op.input_names() if n in self.needs]
             if not outs or not ins:
                 continue
-            maker = get_op_def(op.type).grad_maker
+            op_def = get_op_def(op.type)
+            maker = op_def.grad_maker
+            unsupported = op_def.extra.get("double_unsupported")
+            reason = unsupported(op.attrs) if unsupported is not None and maker else None
+            is_gradient = op_def.forward_type is not None or op.type.endswith("_grad")
+            if is_gradient and (maker is None or reason):
+                what = f" ({reason})" if reason else ""
+                raise NestflowError(
+                    f"higher-order gradient of {op.type}{what} is not supported: the gradient "
+                    f"of {outs} must flow through this gradient op to {ins}",
+                    location=op.location(),
+                )
             if maker is None:
                 if op.type in NON_DIFFERENTIABLE:
                     continue
@@ -152,8 +170,18 @@ class _GradBuilder:
     # ---- gradient names ----
     def _base(self, var: str) -> str:
         if self.gblk is self.fwd or self.fwd.has_var(var):
-            return var + GRAD_SUFFIX
-        return f"{var}{GRAD_SUFFIX}@BLOCK{self.gblk.idx}"
+            base = var + GRAD_SUFFIX
+        else:
+            base = f"{var}{GRAD_SUFFIX}@BLOCK{self.gblk.idx}"
+        if base not in self.taken:
+            return base
+        fresh = self.bases.get(var)
+        if fresh is None:
+            order = 2
+            while self.gblk.program.name_in_use(f"{base}@{order}"):
+                order += 1
+            fresh = self.bases[var] = f"{base}@{order}"
+        return fresh
 
     def _finish(self, var: str) -> str | None:
         """The gradient name of `var`'s current value, summing its contributions if several."""
@@ -227,6 +255,24 @@ class _GradBuilder:
                     _declare_grad(self.gblk, self.fwd.find_var(var), name)
             self.gblk.append_op(spec.type, inputs, outputs, spec.attrs, source=source)
         self.pending = []
+
+
+@contextmanager
+def _unchanged_on_error(program) -> Iterator[None]:
+    """Leaves `program` as it was (ops, variables, blocks) when the body raises: a failed
+    gradients call appends nothing (not even its seed)."""
+    blocks = len(program.blocks)
+    kept = [(b, len(b.ops), set(b.vars)) for b in program.blocks]
+    try:
+        yield
+    except BaseException:
+        del program.blocks[blocks:]
+        for block, ops, names in kept:
+            del block.ops[ops:]
+            for name in [n for n in block.vars if n not in names]:
+                block.remove_var(name)
+        program._bump()
+        raise
 
 
 def _differentiable(var: VarDesc) -> bool:
@@ -346,7 +392,7 @@ def append_backward(
     for op in ops:
         leaves += [n for n in op.input_names() if n and n not in written]
         written.update(op.output_names())
-    with program.op_role_guard(OpRole.BACKWARD):
+    with program.op_role_guard(OpRole.BACKWARD), _unchanged_on_error(program):
         seed = _seed_ones(block, loss)
         builder = _GradBuilder(block, block, no_grad, user_no_grad)
         with stack_room(nesting_depth(program, block), f"block {block.idx}"):
@@ -381,7 +427,7 @@ def gradients(
     no_grad = (_stop_names(block) | user_no_grad) - set(wanted)
     ops = _ops_until(block, {t.name for t in targets})
     seeds = {}
-    with block.program.op_role_guard(OpRole.BACKWARD):
+    with block.program.op_role_guard(OpRole.BACKWARD), _unchanged_on_error(block.program):
         for target, grad in zip(targets, given):
             seeds[target.name] = grad.name if grad is not None else _seed_ones(block, target)
         builder = _GradBuilder(block, block, no_grad, user_no_grad)

@@ -109,6 +109,9 @@ class relu:
             return (xp.asarray(Out_grad * (Out > 0)),)
         return (xp.multiply(Out_grad, Out > 0, out=out),)
 
+    def double_backward(X, Out, Out_grad, dX, ddX, xp):
+        return (xp.asarray(ddX * (Out > 0)),)
+
 
 @register_op
 class sigmoid:
@@ -129,6 +132,11 @@ class sigmoid:
         grad = xp.multiply(Out_grad, Out, out=out)
         return (xp.multiply(grad, 1 - Out, out=grad),)
 
+    double_grad = ("Out", "Out@GRAD")
+
+    def double_backward(X, Out, Out_grad, dX, ddX, xp):
+        return xp.asarray(ddX * Out_grad * (1 - 2 * Out)), xp.asarray(ddX * Out * (1 - Out))
+
 
 @register_op
 class tanh:
@@ -148,6 +156,11 @@ class tanh:
         if not Out.ndim:
             return (xp.asarray(Out_grad * (1 - Out * Out)),)
         return (xp.multiply(Out_grad, 1 - Out * Out, out=out),)
+
+    double_grad = ("Out", "Out@GRAD")
+
+    def double_backward(X, Out, Out_grad, dX, ddX, xp):
+        return xp.asarray(-2 * ddX * Out_grad * Out), xp.asarray(ddX * (1 - Out * Out))
 
 
 @register_op
@@ -170,6 +183,14 @@ class softmax:
     def backward(X, Out, Out_grad, axis):
         return (Out * (Out_grad - (Out_grad * Out).sum(axis=axis, keepdims=True)),)
 
+    double_grad = ("Out", "Out@GRAD")
+
+    def double_backward(X, Out, Out_grad, dX, ddX, axis):
+        # dX = Out * (dOut - s), s = sum(dOut * Out): symmetric in ddX and dOut.
+        s = (Out_grad * Out).sum(axis=axis, keepdims=True)
+        t = (ddX * Out).sum(axis=axis, keepdims=True)
+        return ddX * (Out_grad - s) - Out_grad * t, Out * (ddX - t)
+
 
 # ---- exponentials, logarithms, roots, powers ----
 
@@ -191,6 +212,11 @@ class exp:
     def backward(X, Out, Out_grad, xp, out=None):
         return (xp.asarray(xp.multiply(Out_grad, Out, out=out if Out.ndim else None)),)
 
+    double_grad = ("Out", "Out@GRAD")
+
+    def double_backward(X, Out, Out_grad, dX, ddX, xp):
+        return xp.asarray(ddX * Out_grad), xp.asarray(ddX * Out)
+
 
 @register_op
 class log:
@@ -208,6 +234,11 @@ class log:
     def backward(X, Out, Out_grad, xp):
         return (xp.asarray(Out_grad / X),)
 
+    double_grad = ("X", "Out@GRAD")
+
+    def double_backward(X, Out, Out_grad, dX, ddX, xp):
+        return xp.asarray(-ddX * Out_grad / (X * X)), xp.asarray(ddX / X)
+
 
 @register_op
 class sqrt:
@@ -224,6 +255,11 @@ class sqrt:
 
     def backward(X, Out, Out_grad, xp):
         return (xp.asarray(Out_grad * 0.5 / Out),)
+
+    double_grad = ("Out", "Out@GRAD")
+
+    def double_backward(X, Out, Out_grad, dX, ddX, xp):
+        return xp.asarray(-0.5 * ddX * Out_grad / (Out * Out)), xp.asarray(ddX * 0.5 / Out)
 
 
 @register_op
@@ -380,6 +416,10 @@ class leaky_relu:
         positive, negative = (1.0, alpha) if alpha <= 1 else (alpha, 1.0)
         return (xp.asarray(Out_grad * xp.where(X > 0, positive, negative).astype(X.dtype)),)
 
+    def double_backward(X, Out, Out_grad, dX, ddX, alpha, xp):
+        positive, negative = (1.0, alpha) if alpha <= 1 else (alpha, 1.0)
+        return (xp.asarray(ddX * xp.where(X > 0, positive, negative).astype(X.dtype)),)
+
 
 @register_op
 class elu:
@@ -526,6 +566,26 @@ class gelu:
             dout_dx = cdf + x * xp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
         return (xp.asarray(Out_grad * dout_dx, X.dtype),)
 
+    double_grad = ("X", "Out@GRAD")
+
+    def double_backward(X, Out, Out_grad, dX, ddX, approximate, xp):
+        x = X.astype(np.float64)
+        if approximate:
+            t = xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))
+            slope = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+            dout_dx = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * slope
+            curvature = (1.0 - t * t) * (
+                slope - x * t * slope * slope + 3 * 0.044715 * _SQRT_2_OVER_PI * x * x
+            )
+        else:
+            density = xp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+            dout_dx = 0.5 * (1.0 + erf(x * math.sqrt(0.5), xp)) + x * density
+            curvature = density * (2.0 - x * x)
+        return (
+            xp.asarray(ddX * Out_grad * curvature, X.dtype),
+            xp.asarray(ddX * dout_dx, X.dtype),
+        )
+
 
 def _stable_sigmoid(x, xp):
     return (xp.tanh(x * 0.5) + 1) * xp.asarray(0.5, x.dtype)
@@ -544,6 +604,12 @@ class softplus:
 
     def backward(X, Out, Out_grad, xp):
         return (xp.asarray(Out_grad * _stable_sigmoid(X, xp)),)
+
+    double_grad = ("X", "Out@GRAD")
+
+    def double_backward(X, Out, Out_grad, dX, ddX, xp):
+        s = _stable_sigmoid(X, xp)
+        return xp.asarray(ddX * Out_grad * s * (1 - s)), xp.asarray(ddX * s)
 
 
 @register_op

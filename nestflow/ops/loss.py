@@ -124,6 +124,15 @@ class cross_entropy:
             xp.put_along_axis(dx, ids, grad, axis=-1)
         return (dx,)
 
+    double_grad = ("X", "Y@GRAD")
+
+    def double_backward(X, Label, Y, Y_grad, dX, ddX, soft_label, ignore_index, xp):
+        # dX = Y_grad * q with q = d loss / dX (-1/X at the label, -Label/X when soft).
+        q = cross_entropy.backward(X, Label, Y, xp.ones_like(Y_grad), soft_label, ignore_index, xp)
+        q = q[0]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return -ddX * Y_grad * q / X, (ddX * q).sum(axis=-1, keepdims=True)
+
 
 @register_op
 class softmax_with_cross_entropy:
@@ -174,6 +183,45 @@ class softmax_with_cross_entropy:
             inner = (Softmax_grad * Softmax).sum(axis=axis, keepdims=True)
             grad += Softmax * (Softmax_grad - inner)
         return (grad,)
+
+    double_grad = ("Softmax", "Softmax@GRAD", "Loss@GRAD")
+
+    def double_backward(
+        Logits,
+        Label,
+        Softmax,
+        Loss,
+        Softmax_grad,
+        Loss_grad,
+        dLogits,
+        ddLogits,
+        soft_label,
+        axis,
+        ignore_index,
+        xp,
+        needs=(True,) * 3,
+    ):
+        def grad(softmax, loss_grad):
+            args = (Logits, Label, softmax, Loss, None, loss_grad, soft_label, axis, ignore_index)
+            return softmax_with_cross_entropy.backward(*args, xp)[0]
+
+        g, ax = ddLogits, axis % Logits.ndim
+        d_softmax = d_softmax_grad = d_loss_grad = None
+        if needs[0]:
+            # The loss part is affine in Softmax: its derivative along g is a difference.
+            if Loss_grad is not None:
+                d_softmax = grad(g, Loss_grad) - grad(xp.zeros_like(g), Loss_grad)
+            else:
+                d_softmax = xp.zeros_like(g)
+            if Softmax_grad is not None:
+                s = (Softmax_grad * Softmax).sum(axis=ax, keepdims=True)
+                t = (g * Softmax).sum(axis=ax, keepdims=True)
+                d_softmax = d_softmax + g * (Softmax_grad - s) - Softmax_grad * t
+        if needs[1] and Softmax_grad is not None:
+            d_softmax_grad = Softmax * (g - (g * Softmax).sum(axis=ax, keepdims=True))
+        if needs[2] and Loss_grad is not None:
+            d_loss_grad = (g * grad(Softmax, xp.ones_like(Loss_grad))).sum(axis=ax, keepdims=True)
+        return d_softmax, d_softmax_grad, d_loss_grad
 
 
 @register_op

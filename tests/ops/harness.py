@@ -14,7 +14,10 @@ An op test is a list of `OpCase`s and one parametrized test:
 appends the op with `block.append_op` (so build-time inference runs and is compared with what the
 kernel returns), runs it with an Executor and compares each output with the NumPy reference.
 With `grad`, it then checks the op's grad maker and gradient kernel in float64 against central
-differences of sum(output * upstream) for random upstream gradients.
+differences of sum(output * upstream) for random upstream gradients. With `grad2` as well, it
+checks the second order the same way: the gradients of sum(gradient * v) (v random), taken by
+nf.gradients through the gradient op, with respect to the `grad` inputs and the upstream
+gradients, against central differences of the first-order gradients.
 
 Every check also runs the op (and its gradient ops) on each device place of `DEVICE_PLACES`: the
 stand-in device always (NumPy memory behind a CuPy-like module that refuses host arrays), a CUDA
@@ -42,6 +45,8 @@ Arrays = dict[str, "np.ndarray | list[np.ndarray]"]
 
 # Every op type whose gradient a case has checked in this process.
 GRAD_CHECKED: set[str] = set()
+# Every op type whose second order (its gradient op's gradient) a case has checked.
+GRAD2_CHECKED: set[str] = set()
 # Every op type (gradient ops included) a case has run on a device place in this process.
 DEVICE_CHECKED: set[str] = set()
 
@@ -97,6 +102,7 @@ class OpCase:
     grad: tuple[str, ...] = ()  # input slots whose gradients are checked numerically
     outputs: tuple[str, ...] | None = None  # output slots compared (default: reference's keys)
     grad_outputs: tuple[str, ...] | None = None  # differentiated (default: float compared ones)
+    grad2: bool = False  # also check the second order (the gradient op's own gradient)
     atol: float = 1e-6
     rtol: float = 1e-5
     grad_atol: float = 1e-6
@@ -108,6 +114,8 @@ class OpCase:
         self.check_forward()
         if self.grad:
             self.check_grad()
+        if self.grad2:
+            check_second_order(self)
 
     # ---- forward ----
 
@@ -208,6 +216,77 @@ class OpCase:
                     got, numeric, rtol=self.grad_rtol, atol=self.grad_atol, err_msg=where
                 )
         GRAD_CHECKED.add(self.op_type)
+
+
+def check_second_order(case: OpCase, eps: float = 1e-5) -> None:
+    """The case's op differentiated twice by nf.gradients in float64: the gradients of
+    S = sum_i <dL/dx_i, v_i> (L = sum(output * upstream), v random) with respect to the `grad`
+    inputs and the upstream gradients, against central differences of S."""
+    assert case.grad, f"{case.op_type}: grad2 needs grad slots"
+    inputs = {slot: _to_float64(v) for slot, v in case.inputs.items()}
+    expected = case.expected(inputs)
+    counts = {s: len(v) for s, v in expected.items() if isinstance(v, list)}
+    one = _OneOp(case, inputs, counts)
+    outs = one.run(inputs, list(expected))
+    slots = case.grad_outputs or tuple(
+        s for s in expected if all(a.dtype.kind == "f" for a in _listed(outs[s]))
+    )
+    rng = np.random.default_rng(11)
+    block = one.block
+    targets = [block.var(n) for s in slots for n in one.out_names[s]]
+    values = {n: np.asarray(v) for s in slots for n, v in zip(one.out_names[s], _listed(outs[s]))}
+    upstream = []
+    for target in targets:
+        upstream.append(block.create_var("up_" + target.name, values[target.name].shape, "float64"))
+    checked = [block.var(n) for slot in case.grad for n in one.in_names[slot]]
+    for var in checked + upstream:
+        var.stop_gradient = False
+    firsts = nf.gradients(targets, checked, target_gradients=upstream)
+    assert all(g is not None for g in firsts), f"{case.op_type}: an input got no gradient"
+    arrays = dict(one.feed(inputs))
+    arrays.update(
+        {u.name: rng.standard_normal(values[t.name].shape) for t, u in zip(targets, upstream)}
+    )
+    directions = [block.create_var("v_" + g.name, g.shape, "float64") for g in firsts]
+    firsts_shapes = [arrays[v.name].shape for v in checked]
+    feed_v = {d.name: rng.standard_normal(s) for d, s in zip(directions, firsts_shapes)}
+    wrt = checked + upstream
+    seconds = nf.gradients(firsts, wrt, target_gradients=directions)
+
+    def run(feed, fetch, place=None):
+        return nf.Executor(place).run(one.program, {**feed, **feed_v}, fetch, nf.Scope())
+
+    fetch = [g for g in seconds if g is not None]
+    analytic = dict(zip([g.name for g in fetch], run(arrays, fetch)))
+    for place in DEVICE_PLACES:
+        for g, value in zip(fetch, run(arrays, fetch, place)):
+            assert_equal_on_device(
+                value, analytic[g.name], f"{case.op_type} d2/d{g.name} on {place}"
+            )
+
+    def objective(feed) -> float:
+        got = run(feed, firsts)
+        return float(sum(np.sum(a * feed_v[d.name]) for a, d in zip(got, directions)))
+
+    for var, grad in zip(wrt, seconds):
+        x = arrays[var.name]
+        got = np.zeros_like(x) if grad is None else analytic[grad.name]
+        numeric = np.zeros_like(x)
+        for index in np.ndindex(x.shape):
+            moved = {}
+            for sign in (1.0, -1.0):
+                shifted = x.copy()
+                shifted[index] += sign * eps
+                moved[sign] = objective({**arrays, var.name: shifted})
+            numeric[index] = (moved[1.0] - moved[-1.0]) / (2 * eps)
+        np.testing.assert_allclose(
+            got,
+            numeric,
+            rtol=case.grad_rtol,
+            atol=case.grad_atol,
+            err_msg=f"{case.op_type} second order d/d{var.name}",
+        )
+    GRAD2_CHECKED.add(case.op_type)
 
 
 def case_id(case: OpCase) -> str:
