@@ -18,8 +18,10 @@ threadpoolctl = pytest.importorskip("threadpoolctl")
 @pytest.fixture
 def restore_threads():
     """The suite runs in one process: put every pool back as it was."""
+    before = nf.get_num_threads()
     with threadpoolctl.threadpool_limits(limits=None):  # restores the limits on exit
         yield
+    nf.device_context().num_threads = before
 
 
 def _blas_threads() -> list[int]:
@@ -66,7 +68,7 @@ def test_threads_summary_names_the_count_and_the_remedy(restore_threads):
     from nestflow.core.threads import threads_summary
 
     line = threads_summary()
-    assert line.startswith("BLAS threads: 1 (") and "OMP_NUM_THREADS" in line
+    assert line.startswith("threads: 1 (") and "OMP_NUM_THREADS" in line
 
 
 @pytest.mark.parametrize(
@@ -81,4 +83,4 @@ def test_demos_print_the_blas_thread_count_first(args, tmp_path, capsys):
 
     main([*args, "--out", str(tmp_path / "m"), "--no-progress"])
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith(f"BLAS threads: {nf.get_num_threads()} (")
+    assert first.startswith(f"threads: {nf.get_num_threads()} (")

@@ -10,8 +10,12 @@ owns the intra-op thread budget; the CUDA one the device, its stream and memory 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import threading
 import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
 
@@ -68,8 +72,91 @@ class DeviceContext:
         `integers`, `standard_normal`), made from the run's host generator."""
         return host_generator
 
+    def parallel_for(self, n: int, body: Callable[[int, int], Any], grain: int = 1) -> list:
+        """body(start, stop) over range(n) in chunks of `grain` items: the list of its results
+        in chunk order. Here (a device place) one call over everything: the device runs the
+        body's array operations in parallel itself. CPUDeviceContext runs the chunks on its
+        intra-op thread pool.
+
+        >>> nf.device_context(nf.core.StandInPlace(0)).parallel_for(10, lambda a, b: (a, b), 4)
+        [(0, 10)]
+        """
+        return [body(0, n)] if n > 0 else []
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.place!r})"
+
+
+_IN_POOL = threading.local()  # .active: this thread runs a chunk of a parallel_for
+
+
+def _mark_pool_thread() -> None:
+    _IN_POOL.active = True
+
+
+def default_num_threads() -> int:
+    """The intra-op budget a process starts with: the cores it may use
+    (os.sched_getaffinity), or fewer where OMP_NUM_THREADS says so."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    try:
+        asked = int(os.environ.get("OMP_NUM_THREADS", "0").split(",")[0])
+    except ValueError:
+        asked = 0
+    return max(1, min(cores, asked) if asked > 0 else cores)
+
+
+MAX_CHUNKS = 8
+
+
+def chunk_grain(n: int, item_cost: int, min_cost: int, max_chunks: int = MAX_CHUNKS) -> int:
+    """Items per chunk for parallel_for over n items of item_cost each: chunks of at least
+    min_cost, at most max_chunks of them; n (one chunk: the calling thread) for small work.
+    It depends on the shapes only, never on the thread count (the same chunks, the same bits).
+
+    >>> chunk_grain(32, 200_000, 1 << 17), chunk_grain(32, 10, 1 << 17)
+    (4, 32)
+    """
+    chunks = min(max_chunks, n, n * item_cost // max(1, min_cost))
+    return n if chunks < 2 else -(-n // chunks)
+
+
+_BLAS: list = []  # threadpoolctl's controllers of the BLAS libraries, found on first use
+
+
+def _blas_controllers() -> list:
+    if not _BLAS:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _BLAS.append(ThreadpoolController().select(user_api="blas").lib_controllers)
+        except Exception:  # no threadpoolctl, or it cannot read a library: leave BLAS be
+            _BLAS.append([])
+    return _BLAS[0]
+
+
+def forget_blas_controllers() -> None:
+    """Look the BLAS libraries up again on the next parallel_for (after loading another)."""
+    _BLAS.clear()
+
+
+@contextlib.contextmanager
+def _single_threaded_blas():
+    """BLAS at one thread inside the block (each pool thread runs its own products), then the
+    counts as they were."""
+    controllers = _blas_controllers()
+    before = [c.get_num_threads() for c in controllers]
+    for c, n in zip(controllers, before):
+        if n != 1:
+            c.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for c, n in zip(controllers, before):
+            if n != 1:
+                c.set_num_threads(n)
 
 
 def _foreign_array(place: Place, array: Any) -> PlaceError:
@@ -81,11 +168,81 @@ def _foreign_array(place: Place, array: Any) -> PlaceError:
 
 
 class CPUDeviceContext(DeviceContext):
-    """The host: NumPy kernels, and the intra-op thread budget (`num_threads`)."""
+    """The host: NumPy kernels, and the intra-op thread pool of `num_threads` threads
+    (nf.set_num_threads; by default the cores the process may use, or OMP_NUM_THREADS)."""
 
     def __init__(self, place: CPUPlace):
         super().__init__(place, np)
-        self.num_threads = 1
+        self.num_threads = default_num_threads()
+        self._workers: ThreadPoolExecutor | None = None
+        self._worker_count = 0
+        self._busy = threading.Lock()
+
+    def parallel_for(self, n: int, body: Callable[[int, int], Any], grain: int = 1) -> list:
+        """body(start, stop) over range(n) in chunks of `grain` items (the last one shorter):
+        the list of its results in chunk order. The chunks depend on n and grain only, never on
+        the thread count, so a kernel that combines per-chunk results in order gets the same
+        bits whatever nf.set_num_threads says. With one chunk, one thread, inside another
+        parallel_for, or while another thread runs one, the chunks run on the calling thread;
+        otherwise on the pool (the calling thread included). Either way NumPy's BLAS runs at
+        one thread inside the body (no oversubscription, and the same rounding: OpenBLAS's
+        threaded products differ from its single-threaded ones in the last bits). The body's first exception is raised here, after
+        every chunk has finished.
+
+        >>> ctx = nf.device_context(nf.CPUPlace())
+        >>> ctx.parallel_for(10, lambda a, b: (a, b), 4)
+        [(0, 4), (4, 8), (8, 10)]
+        """
+        grain = max(1, int(grain))
+        chunks = [(start, min(start + grain, n)) for start in range(0, n, grain)]
+        if self.num_threads < 2 or getattr(_IN_POOL, "active", False):
+            return [body(a, b) for a, b in chunks]
+        if len(chunks) < 2 or not self._busy.acquire(blocking=False):
+            # OpenBLAS's threaded products round differently from its single-threaded ones:
+            # chunks run with BLAS at one thread wherever they run, so their bits never
+            # depend on the budget
+            with _single_threaded_blas():
+                return [body(a, b) for a, b in chunks]
+        try:
+            return self._run(chunks, body)
+        finally:
+            self._busy.release()
+
+    def _run(self, chunks: list[tuple[int, int]], body) -> list:
+        threads = min(self.num_threads, len(chunks))
+        if self._workers is None or self._worker_count < threads - 1:
+            if self._workers is not None:
+                self._workers.shutdown(wait=False)
+            self._worker_count = max(threads - 1, self.num_threads - 1)
+            self._workers = ThreadPoolExecutor(
+                self._worker_count, "nestflow-intra-op", initializer=_mark_pool_thread
+            )
+        results: list = [None] * len(chunks)
+        errors: list[BaseException] = []
+        order = itertools.count()  # next() is atomic under the GIL: each chunk runs once
+
+        def work() -> None:
+            for index in iter(order.__next__, None):
+                if index >= len(chunks) or errors:
+                    return
+                try:
+                    results[index] = body(*chunks[index])
+                except BaseException as exc:  # raised by the caller once all have stopped
+                    errors.append(exc)
+                    return
+
+        with _single_threaded_blas():
+            helpers = [self._workers.submit(work) for _ in range(threads - 1)]
+            _IN_POOL.active = True
+            try:
+                work()
+            finally:
+                _IN_POOL.active = False
+                for helper in helpers:
+                    helper.result()
+        if errors:
+            raise errors[0]
+        return results
 
     def to_device(self, array: Any) -> np.ndarray:
         if type(array) is np.ndarray:

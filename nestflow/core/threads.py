@@ -1,8 +1,12 @@
-"""The BLAS thread pool behind NumPy's matrix products (threadpoolctl, imported on first use).
+"""One thread budget for nestflow's intra-op pool (CPUDeviceContext.parallel_for) and the BLAS
+pool behind NumPy's matrix products (threadpoolctl, imported on first use).
 
-On a machine shared by several processes, each process's BLAS starting one thread per core
-oversubscribes the cores and makes every process slower; `nf.set_num_threads(1)` (or
-OMP_NUM_THREADS=1 before start) avoids it. See the README's performance notes.
+The budget starts at the cores the process may use (or OMP_NUM_THREADS). Large kernels split
+their work across the intra-op pool and run BLAS single-threaded inside it; everything else
+(small tensors, a lone matrix product) runs on the calling thread with BLAS at the budget, so
+the two pools never run at once. On a machine shared by several processes
+`nf.set_num_threads(1)` (or OMP_NUM_THREADS=1 before start) avoids oversubscribing the cores.
+See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ __all__ = ["get_num_threads", "set_num_threads", "threads_summary"]
 
 
 def set_num_threads(n: int) -> None:
-    """Limit the BLAS and OpenMP thread pools of the libraries loaded so far (NumPy's BLAS is
-    loaded by `import nestflow`) to `n` threads, for the rest of the process. n < 1 or not an
+    """Give nestflow's intra-op pool `n` threads and limit the BLAS and OpenMP thread pools of
+    the libraries loaded so far (NumPy's BLAS is loaded by `import nestflow`) to `n`, for the
+    rest of the process. Results do not depend on `n` (docs/performance.md). n < 1 or not an
     int -> AttrError.
 
     >>> import nestflow as nf
@@ -27,30 +32,32 @@ def set_num_threads(n: int) -> None:
         raise AttrError(f"set_num_threads: n must be an int >= 1, got {n!r}")
     from threadpoolctl import threadpool_limits
 
+    from nestflow.core.device_context import device_context, forget_blas_controllers
+
     threadpool_limits(limits=int(n))
+    forget_blas_controllers()  # a library loaded since the last look gets the limit too
+    device_context().num_threads = int(n)
 
 
 def get_num_threads() -> int:
-    """The number of threads BLAS uses for a matrix product (the largest over the BLAS
-    libraries loaded; the OpenMP pools' if no BLAS is loaded; 1 if neither is).
+    """The thread budget: the threads of nestflow's intra-op pool, and of BLAS outside it.
 
     >>> n = nf.get_num_threads()
     >>> isinstance(n, int) and n >= 1
     True
     """
-    from threadpoolctl import threadpool_info
+    from nestflow.core.device_context import device_context
 
-    pools = threadpool_info()
-    blas = [p for p in pools if p["user_api"] == "blas"] or pools
-    return max((p["num_threads"] for p in blas), default=1)
+    return device_context().num_threads
 
 
 def threads_summary() -> str:
-    """One line for a program's start: how many threads BLAS uses and how to change that."""
+    """One line for a program's start: the thread budget and how to change it."""
     from threadpoolctl import threadpool_info
 
     names = sorted({p["internal_api"] for p in threadpool_info() if p["user_api"] == "blas"})
     return (
-        f"BLAS threads: {get_num_threads()} ({', '.join(names) or 'no BLAS loaded'}; "
+        f"threads: {get_num_threads()} (intra-op pool and BLAS, "
+        f"{', '.join(names) or 'no BLAS loaded'}; "
         "nf.set_num_threads(n) or OMP_NUM_THREADS=n changes it)"
     )
