@@ -11,6 +11,7 @@ exe = nf.Executor(nf.CPUPlace())
 from typing import TYPE_CHECKING
 
 from nestflow import (
+    amp,
     errors,
     layers,
     ops,  # noqa: E402  (registers every operator)
@@ -169,6 +170,7 @@ __all__ = [
     "layers",
     "ops",
     "optimizer",
+    "amp",
     "program_guard",
     "prune",
     "seed",

@@ -13,9 +13,11 @@ import json
 import os
 
 import numpy as np
+import safetensors
 import safetensors.numpy
 
 from nestflow.core.device_context import device_context
+from nestflow.core.dtype import BFLOAT16
 from nestflow.core.place import Place, place_of
 from nestflow.core.scope import Scope
 from nestflow.core.tensor import Tensor
@@ -124,7 +126,7 @@ def decode_params(data: bytes, path: str | os.PathLike) -> dict[str, np.ndarray]
     """The tensors of the safetensors file `data` read from `path` (named in errors);
     ParameterFileError if it does not parse or its tensors do not match its checksum."""
     try:
-        tensors = safetensors.numpy.load(data)
+        tensors = _load_tensors(data)
     except Exception as exc:  # the Rust parser raises its own SafetensorError types
         raise ParameterFileError(
             f"'{path}' is not a valid safetensors file ({len(data)} bytes): {exc}"
@@ -137,6 +139,17 @@ def decode_params(data: bytes, path: str | os.PathLike) -> dict[str, np.ndarray]
                 f"parameter file '{path}' is corrupt: its tensors' SHA-256 is {actual}, but "
                 f"{recorded} was recorded when it was saved (the file changed since)"
             )
+    return tensors
+
+
+def _load_tensors(data: bytes) -> dict[str, np.ndarray]:
+    """safetensors.numpy.load, bfloat16 ("BF16", which safetensors' NumPy loader does not
+    map) included; saving needs nothing: it names ml_dtypes' bfloat16 BF16 itself."""
+    tensors = {}
+    for name, view in safetensors.deserialize(data):
+        kind = view["dtype"]
+        dtype = BFLOAT16 if kind == "BF16" else safetensors.numpy._getdtype(kind)
+        tensors[name] = np.frombuffer(view["data"], dtype=dtype).reshape(view["shape"])
     return tensors
 
 
