@@ -10,6 +10,7 @@ from nestflow.framework import unique_name
 from nestflow.framework.program import VarDesc
 from nestflow.layers.helper import (
     as_float,
+    as_int,
     create_parameter,
     current_block,
     layer_error,
@@ -19,7 +20,7 @@ from nestflow.layers.helper import (
 from nestflow.layers.initializer import Constant
 from nestflow.layers.nn import activation
 
-__all__ = ["batch_norm", "layer_norm"]
+__all__ = ["batch_norm", "group_norm", "instance_norm", "layer_norm"]
 
 
 def _append(op_type: str, prefix: str, inputs: dict, outputs: dict, attrs: dict) -> VarDesc:
@@ -200,3 +201,100 @@ def layer_norm(
     }
     out = _append("layer_norm", prefix, inputs, {"Mean": None, "Variance": None}, attrs)
     return activation(out, act)
+
+
+def _channel_params(input, channels, param_attr, bias_attr, prefix) -> dict:
+    """Scale `<prefix>.w` (ones) and Bias `<prefix>.b` (zeros) [channels], each left out when
+    its attr is False (Fluid's group_norm/instance_norm)."""
+    inputs = {"X": input}
+    for attr, slot, suffix, value in (
+        (param_attr, "Scale", "w", 1.0),
+        (bias_attr, "Bias", "b", 0.0),
+    ):
+        param = parameter_from_attr(
+            attr, [channels], input.dtype, f"{prefix}.{suffix}", Constant(value)
+        )
+        if param is not None:
+            inputs[slot] = param
+    return inputs
+
+
+def _known_channels(layer: str, input: VarDesc, axis: int) -> int:
+    require_float_input(input, layer)
+    if input.ndim < 3 or input.shape[axis] < 1:
+        raise layer_error(
+            ShapeError,
+            layer,
+            f"input '{input.name}' {list(input.shape)} must be [N, C, ...] (rank >= 3) with the "
+            "channels known",
+        )
+    return input.shape[axis]
+
+
+def group_norm(
+    input: VarDesc,
+    groups: int,
+    epsilon: float = 1e-5,
+    param_attr: Any = None,
+    bias_attr: Any = None,
+    act: str | None = None,
+    data_layout: str = "NCHW",
+    name: str | None = None,
+) -> VarDesc:
+    """act(group normalisation of `input` [N, C, ...]): the C channels split into `groups`
+    groups, each (sample, group) normalised by its own mean and biased variance, then scaled by
+    `<name>.w` [C] (ones) and shifted by `<name>.b` [C] (zeros), each left out when its attr is
+    False. data_layout "NHWC" for channel-last input. ShapeError when C does not divide by
+    groups; DTypeError for a non-float input.
+
+    >>> x = nf.data("x", [-1, 8, 5, 5])
+    >>> nf.layers.group_norm(x, groups=4).shape
+    (-1, 8, 5, 5)
+    """
+    layer = "group_norm"
+    if data_layout not in ("NCHW", "NHWC"):
+        raise layer_error(
+            AttrError, layer, f"data_layout must be 'NCHW' or 'NHWC', got {data_layout!r}"
+        )
+    channels = _known_channels(layer, input, -1 if data_layout == "NHWC" else 1)
+    groups = as_int(groups, "group_norm: groups")
+    if groups < 1 or channels % groups:
+        raise layer_error(
+            ShapeError,
+            layer,
+            f"the {channels} channels of input '{input.name}' {list(input.shape)} do not divide "
+            f"into groups={groups}",
+        )
+    prefix = name or unique_name.generate(layer)
+    inputs = _channel_params(input, channels, param_attr, bias_attr, prefix)
+    attrs = {
+        "epsilon": as_float(epsilon, "group_norm: epsilon"),
+        "groups": groups,
+        "data_layout": data_layout,
+    }
+    out = _append(layer, prefix, inputs, {"Mean": None, "Variance": None}, attrs)
+    return activation(out, act)
+
+
+def instance_norm(
+    input: VarDesc,
+    epsilon: float = 1e-5,
+    param_attr: Any = None,
+    bias_attr: Any = None,
+    name: str | None = None,
+) -> VarDesc:
+    """Instance normalisation of `input` [N, C, ...]: each (sample, channel) normalised over
+    its spatial positions by its own mean and biased variance, then scaled by `<name>.w` [C]
+    (ones) and shifted by `<name>.b` [C] (zeros), each left out when its attr is False.
+    DTypeError for a non-float input; ShapeError for a rank below 3.
+
+    >>> x = nf.data("x", [-1, 3, 8, 8])
+    >>> nf.layers.instance_norm(x).shape
+    (-1, 3, 8, 8)
+    """
+    layer = "instance_norm"
+    channels = _known_channels(layer, input, 1)
+    prefix = name or unique_name.generate(layer)
+    inputs = _channel_params(input, channels, param_attr, bias_attr, prefix)
+    attrs = {"epsilon": as_float(epsilon, "instance_norm: epsilon")}
+    return _append(layer, prefix, inputs, {"SavedMean": None, "SavedVariance": None}, attrs)
