@@ -258,3 +258,106 @@ def markdown_table(results: list[dict]) -> str:
             ]
             lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return head + "\n".join(lines) + "\n"
+
+
+class ThreadCounts:
+    """Runs contenders at several thread counts inside one interleaved run: nestflow's budget
+    (nf.set_num_threads: its intra-op pool and NumPy's BLAS) and PyTorch's
+    (torch.set_num_threads) switch to a case's count when it starts a batch, so rounds at 1 and
+    at 2 threads alternate and the machine's drifts hit both alike. `restore()` puts back the
+    counts found at the start (run_all times other workloads in the same process)."""
+
+    def __init__(self, torch) -> None:
+        import nestflow as nf
+
+        self._nf, self._torch = nf, torch
+        self._before = (nf.get_num_threads(), torch.get_num_threads() if torch else None)
+        self._current: int | None = None
+
+    def set(self, n: int) -> None:
+        if n != self._current:
+            self._nf.set_num_threads(n)
+            if self._torch is not None:
+                self._torch.set_num_threads(n)
+            self._current = n
+
+    def case(self, n: int, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """fn, called at n threads."""
+
+        def at_n():
+            self.set(n)
+            return fn()
+
+        return at_n
+
+    def restore(self) -> None:
+        self._nf.set_num_threads(self._before[0])
+        if self._torch is not None:
+            self._torch.set_num_threads(self._before[1])
+        self._current = None
+
+
+def load_note() -> str:
+    """The machine's load averages (1, 5, 15 minutes) against its cores, for the notes."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def scaling_rows(
+    metric: str,
+    makers: dict[str, Callable[[], Callable[[], Any]]],
+    torch,
+    rounds: int,
+    budget_s: float,
+    targets: dict[int, float],
+    counts: tuple[int, ...] = (1, 2),
+) -> tuple[list[Row], dict[str, float]]:
+    """Rows of `metric` at each thread count (nestflow against PyTorch, targets[n] the ratio
+    limit at n threads, none where absent) and one row of each side's speed-up at the last count
+    over 1 thread. makers: "nestflow"/"torch" -> a function making the step (called once at each
+    count, so a step may keep per-count state); a maker that raises makes an "n/a" entry.
+    Returns the rows and the speed-ups."""
+    switch = ThreadCounts(torch)
+    cases, missing = {}, {}
+    try:
+        for n in counts:
+            switch.set(n)
+            for name, make in makers.items():
+                try:
+                    cases[f"{name}@{n}"] = switch.case(n, make())
+                except Exception as exc:  # a missing layer/op: report it, never fake a number
+                    missing[name] = unavailable(exc)
+        times = interleaved(cases, rounds=rounds, budget_s=budget_s)
+    finally:
+        switch.restore()
+    ms = {key: t * 1e3 for key, t in times.items()}
+    rows = []
+    for n in counts:
+        limit = targets.get(n)
+        rows.append(
+            row(
+                f"{metric}, {n} thread{'s' if n > 1 else ''}",
+                "ms",
+                ms.get(f"nestflow@{n}", missing.get("nestflow", "–")),
+                torch=ms.get(f"torch@{n}", missing.get("torch", "n/a (torch not installed)")),
+                targets=[("torch", limit)] if limit is not None else [],
+            )
+        )
+    speedups = {}
+    for name in makers:
+        one, many = ms.get(f"{name}@1"), ms.get(f"{name}@{counts[-1]}")
+        if one and many:
+            speedups[name] = one / many
+    rows.append(
+        row(
+            f"{metric}: {counts[-1]}-thread speed-up over 1 thread (time at 1 / time at "
+            f"{counts[-1]}, higher is better)",
+            "x",
+            speedups.get("nestflow", "–"),
+            torch=speedups.get("torch", "–"),
+        )
+    )
+    return rows, speedups
