@@ -410,12 +410,20 @@ def gradients(
     paddle.static.gradients / tf.gradients); returns the gradient variables, None for an input
     the targets do not depend on. `target_gradients` seed the targets (default: ones).
 
+    The program may already hold gradient ops: they are differentiated too (a gradient
+    penalty, a Hessian-vector product), through their ops' second-order rules; a gradient op
+    without one raises NestflowError ("higher-order gradient of OP is not supported"). A call
+    that raises leaves the program as it was.
+
     >>> x = nf.data("x", shape=[-1, 3], dtype="float64")
     >>> x.stop_gradient = False
     >>> y = nf.layers.reduce_sum(nf.layers.square(x))  # sum of x^2
     >>> (dx,) = nf.gradients(y, x)
     >>> nf.Executor().run(feed={"x": np.array([[1.0, 2.0, 3.0]])}, fetch_list=[dx])
     [array([[2., 4., 6.]])]
+    >>> (ddx,) = nf.gradients(nf.layers.reduce_sum(nf.layers.square(dx)), x)  # d(4 x^2)/dx
+    >>> nf.Executor().run(feed={"x": np.array([[1.0, 2.0, 3.0]])}, fetch_list=[ddx])
+    [array([[ 8., 16., 24.]])]
     """
     targets, inputs = _variables(targets, "targets"), _variables(inputs, "inputs")
     block = targets[0].block

@@ -291,3 +291,15 @@ LOSS_CASES = [
 @pytest.mark.parametrize("case", LOSS_CASES, ids=case_id)
 def test_second_order_of_losses(case):
     case.check()
+
+
+def test_every_registered_second_order_has_a_grad2_case():
+    from nestflow.ops.registry import registered_ops
+
+    with_second_order = {
+        op_def.forward_type.removesuffix("_grad")
+        for name, op_def in registered_ops().items()
+        if name.endswith("_grad_grad")
+    }
+    checked = {case.op_type for case in CASES + LOSS_CASES if case.grad2}
+    assert with_second_order - checked == set()
