@@ -110,7 +110,7 @@ def make_torch_step(xs, ys, torch) -> Callable[[], float]:
         loss = torch.nn.functional.cross_entropy(net(tx), ty)
         loss.backward()
         opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     return step
 
