@@ -11,8 +11,10 @@ from nestflow.errors import DTypeError
 from nestflow.ops.gemm import matmul_tn
 from nestflow.ops.registry import (
     VarInfo,
+    bilinear_double,
     broadcast_shapes,
     fail,
+    linear_double,
     numeric_same_as,
     register_op,
     same_as,
@@ -84,6 +86,8 @@ class elementwise_add:
         y_shape = align_y(X.ndim, Y, axis).shape
         return unbroadcast(Out_grad, X.shape), unbroadcast(Out_grad, y_shape).reshape(Y.shape)
 
+    double_backward = linear_double(forward, inputs=2)
+
 
 @register_op
 class elementwise_sub:
@@ -102,6 +106,8 @@ class elementwise_sub:
     def backward(X, Y, Out, Out_grad, axis):
         y_shape = align_y(X.ndim, Y, axis).shape
         return unbroadcast(Out_grad, X.shape), unbroadcast(-Out_grad, y_shape).reshape(Y.shape)
+
+    double_backward = linear_double(forward, inputs=2)
 
 
 @register_op
@@ -124,6 +130,17 @@ class elementwise_mul:
             unbroadcast(Out_grad * y, X.shape),
             unbroadcast(Out_grad * X, y.shape).reshape(Y.shape),
         )
+
+    double_grad = ("X", "Y", "Out@GRAD")
+
+    def double_backward(X, Y, Out, Out_grad, dX, dY, ddX, ddY, axis, xp, needs=(True,) * 3):
+        def product(a, b):
+            return elementwise_mul.forward(a, b, axis, xp)
+
+        def grads(a, b, g, _needs):
+            return elementwise_mul.backward(a, b, None, g, axis)
+
+        return bilinear_double(product, grads, X, Y, Out_grad, ddX, ddY, needs, xp)
 
 
 _divide_when_aligned = _ufunc_when_aligned("divide")
@@ -156,6 +173,31 @@ class elementwise_div:
             unbroadcast(Out_grad / y, X.shape),
             unbroadcast(-Out_grad * Out / y, y.shape).reshape(Y.shape),
         )
+
+    double_grad = ("Y", "Out", "Out@GRAD")
+
+    def double_backward(X, Y, Out, Out_grad, dX, dY, ddX, ddY, axis, xp, needs=(True,) * 3):
+        # dX = dOut / y, dY = -dOut * Out / y (both summed back to their shapes).
+        y = align_y(X.ndim, Y, axis)
+        ddy = None if ddY is None else align_y(X.ndim, ddY, axis)
+        zeros = xp.zeros(Out_grad.shape, Out_grad.dtype)
+        d_y = d_out = dd_out = None
+        if needs[0]:
+            total = zeros
+            if ddX is not None:
+                total = total - ddX * Out_grad / (y * y)
+            if ddy is not None:
+                total = total + ddy * Out_grad * Out / (y * y)
+            d_y = unbroadcast(total, y.shape).reshape(Y.shape)
+        if needs[1]:
+            d_out = zeros if ddy is None else unbroadcast(zeros - ddy * Out_grad / y, Out.shape)
+        if needs[2]:
+            dd_out = zeros
+            if ddX is not None:
+                dd_out = dd_out + ddX / y
+            if ddy is not None:
+                dd_out = dd_out - ddy * Out / y
+        return d_y, d_out, dd_out
 
 
 def _routed(grad, to_x, x, y, Y, xp):
@@ -275,6 +317,9 @@ class scale:
     def backward(X, Out, Out_grad, scale, bias, bias_after_scale, xp):
         return (xp.asarray(Out_grad * scale, X.dtype),)
 
+    def double_backward(X, Out, Out_grad, dX, ddX, scale, bias, bias_after_scale, xp):
+        return (xp.asarray(ddX * scale, X.dtype),)
+
 
 @register_op
 class square:
@@ -289,6 +334,11 @@ class square:
 
     def backward(X, Out, Out_grad, xp):
         return (xp.asarray(Out_grad * (X + X)),)
+
+    double_grad = ("X", "Out@GRAD")
+
+    def double_backward(X, Out, Out_grad, dX, ddX, xp):
+        return xp.asarray(2 * Out_grad * ddX), xp.asarray(2 * X * ddX)
 
 
 def _as_matrix(shape: tuple[int, ...], vector_as_row: bool) -> tuple[int, ...]:
@@ -391,6 +441,31 @@ class matmul:
             dy = unbroadcast(dy, y.shape).reshape(Y.shape)
         return dx, dy
 
+    double_grad = ("X", "Y", "Out@GRAD")
+
+    def double_backward(
+        X,
+        Y,
+        Out,
+        Out_grad,
+        dX,
+        dY,
+        ddX,
+        ddY,
+        transpose_X,
+        transpose_Y,
+        alpha,
+        xp,
+        needs=(True,) * 3,
+    ):
+        def product(a, b):
+            return matmul.forward(a, b, transpose_X, transpose_Y, alpha, xp)
+
+        def grads(a, b, g, wanted):
+            return matmul.backward(a, b, None, g, transpose_X, transpose_Y, alpha, xp, wanted)
+
+        return bilinear_double(product, grads, X, Y, Out_grad, ddX, ddY, needs, xp)
+
 
 def _flat2d(shape, num_col_dims):
     return math.prod(shape[:num_col_dims]), math.prod(shape[num_col_dims:])
@@ -456,6 +531,19 @@ class mul:
         dy = matmul_tn(x2, g2).reshape(Y.shape) if needs[1] else None
         return dx, dy
 
+    double_grad = ("X", "Y", "Out@GRAD")
+
+    def double_backward(
+        X, Y, Out, Out_grad, dX, dY, ddX, ddY, x_num_col_dims, y_num_col_dims, xp, needs=(True,) * 3
+    ):
+        def product(a, b):
+            return mul.forward(a, b, x_num_col_dims, y_num_col_dims)
+
+        def grads(a, b, g, wanted):
+            return mul.backward(a, b, None, g, x_num_col_dims, y_num_col_dims, wanted)
+
+        return bilinear_double(product, grads, X, Y, Out_grad, ddX, ddY, needs, xp)
+
 
 @register_op
 class sum:
@@ -485,3 +573,5 @@ class sum:
 
     def backward(X, Out, Out_grad):
         return ([unbroadcast(Out_grad, x.shape) for x in X],)
+
+    double_backward = linear_double(forward)

@@ -19,6 +19,11 @@ gradient op `relu_grad` and the default grad maker; an op with unusual gradient 
 returning a faster kernel for those attrs (e.g. `np.add` when no axis alignment is needed), or
 None to keep `forward`; the executor binds it once when it prepares a plan.
 
+A gradient op is an op too: `double_backward` (with `double_grad`, the gradient op's input
+slots it differentiates) is the gradient op's own `backward`, registered as `<type>_grad_grad`,
+so gradients of gradients (a gradient penalty, a Hessian-vector product) can be taken; an op
+may instead give its gradient op a grad maker of its own (`double_grad_maker`).
+
 `inplace = {"Out": "X"}` (and `grad_inplace` for the gradient op) says the kernel accepts
 `out=` and may write that output into the input's buffer. The executor passes `out=` only when
 it owns the buffer outright: a temporary of the run, read by no later op, referenced by nothing
@@ -250,6 +255,15 @@ def register_op(cls: type) -> type:
       faster kernel taking the inputs (and `out=`) for these attrs, or None to keep `forward`.
     - `run(ctx)`: instead of `forward`, for scope-aware ops (control flow, feed/fetch); gets
       the executor's RunContext.
+    - `double_backward(*grad_op_inputs, *grad_op_outputs, *their_grads, **attrs)`: the
+      gradient op's gradient (second order), positional in the gradient op's slot order:
+      the forward inputs, outputs and output gradients (`Out@GRAD`), then the gradient op's
+      outputs (`X@GRAD`, values never read) and their gradients (`X@GRAD@GRAD`, None where
+      none flows back). `double_grad` names the gradient op's input slots it returns
+      gradients for, in order (default: the output gradients alone, as a linear op's); it is
+      registered as `<type>_grad_grad`. `double_grad_maker(op, ctx)` instead gives the
+      gradient op a grad maker of its own; `double_unsupported(attrs)` may return why some
+      attrs have no second order (the walk raises then).
 
     Raises NestflowError for an op type registered twice or a class with neither forward nor
     run. Returns `cls`.
@@ -315,6 +329,10 @@ def register_op(cls: type) -> type:
         op_def, grad_no_need_buffer, op_def.inputs + op_def.outputs, "input or output slots"
     )
     _REGISTRY[op_type] = op_def
+    double = _plain(cls, "double_backward")
+    double_maker = _plain(cls, "double_grad_maker")
+    if (double is not None or double_maker is not None) and backward is None:
+        raise NestflowError(f"operator '{op_type}': a second order needs a backward")
     if backward is not None:
         grad_def = _gradient_op_def(
             op_def, dict(cls.__dict__.get("grad_inplace", {})), grad_no_need_buffer
@@ -322,6 +340,14 @@ def register_op(cls: type) -> type:
         _REGISTRY[grad_def.type] = grad_def
         if op_def.grad_maker is None:
             op_def.grad_maker = default_grad_maker
+        if double is not None:
+            slots = cls.__dict__.get(
+                "double_grad", tuple(grad_slot(s.name) for s in op_def.outputs)
+            )
+            _register_double(grad_def, double, slots)
+        elif double_maker is not None:
+            grad_def.grad_maker = double_maker
+        grad_def.extra["double_unsupported"] = _plain(cls, "double_unsupported")
     cls.op_def = op_def
     return cls
 
@@ -407,6 +433,30 @@ def _gradient_op_def(fwd: OpDef, inplace: dict[str, str], no_need_buffer: frozen
     )
 
 
+def _register_double(grad_def: OpDef, double: Callable, slots: Sequence[str]) -> None:
+    """Make `double` the backward of the gradient op `grad_def`: registers
+    `<type>_grad_grad`, whose outputs are the gradients of the gradient op's input `slots`."""
+    unknown = sorted(set(slots) - {s.name for s in grad_def.inputs})
+    if unknown:
+        raise NestflowError(
+            f"operator '{grad_def.forward_type}': double_grad names {unknown}, which are not "
+            f"input slots of {grad_def.type}"
+        )
+    grad_def.backward = double
+    grad_def.no_grad_inputs = frozenset(s.name for s in grad_def.inputs if s.name not in slots)
+    # The kernel answers in the gradient op's slot order, which is what `slots` must list.
+    if [s.name for s in grad_def.grad_inputs] != list(slots):
+        raise NestflowError(
+            f"operator '{grad_def.forward_type}': double_grad must list {sorted(slots)} in the "
+            f"order of {grad_def.type}'s slots"
+        )
+    # (The gradient op's own outputs, X@GRAD, are wired in but never read: they stay alive
+    # for the ops that take them anyway, so no stand-in is declared for them.)
+    double_def = _gradient_op_def(grad_def, {}, frozenset())
+    _REGISTRY[double_def.type] = double_def
+    grad_def.grad_maker = default_grad_maker
+
+
 def _infer_grad_like_forward(op: OpDesc) -> None:
     """A gradient has the shape and dtype of the variable it is the gradient of."""
     block = op.block
@@ -470,6 +520,47 @@ def default_grad_maker(op: OpDesc, ctx: GradContext) -> list[GradOpSpec]:
     if not any_out_grad or not outputs:
         return []
     return [GradOpSpec(op.type + "_grad", inputs, outputs, dict(op.attrs))]
+
+
+# ---- second order: kernels of gradient ops' gradients ----
+
+
+def _zeros_for(value: Any, like: Any, xp: Any) -> Any:
+    """`value`, or zeros shaped like `like` where no gradient flowed back (None)."""
+    if isinstance(like, list):
+        value = value or [None] * len(like)
+        return [_zeros_for(v, x, xp) for v, x in zip(value, like)]
+    return xp.zeros(like.shape, like.dtype) if value is None else value
+
+
+def linear_double(forward: Callable, inputs: int = 1) -> Callable:
+    """`double_backward` of an op linear in its `inputs` (leading) input slots (reshape, sum,
+    concat, slice): its gradient op is linear in Out@GRAD alone, and the gradient of
+    <X@GRAD, G> with respect to Out@GRAD is the op applied to G (its JVP)."""
+
+    def double_backward(*args, xp, device, **attrs):
+        values = args[:inputs]
+        grads = [_zeros_for(g, x, xp) for g, x in zip(args[-inputs:], values)]
+        return (forward(*grads, **attrs, **place_args(forward, device)),)
+
+    return double_backward
+
+
+def bilinear_double(product: Callable, grads: Callable, x, y, dout, ggx, ggy, needs, xp):
+    """Gradients of <dX, ggX> + <dY, ggY> for a bilinear Out = product(X, Y) whose gradient op
+    is `grads(X, Y, dOut, needs) -> (dX, dY)`: with respect to X, Y and dOut, in that order.
+    d/dX = grads(X, ggY, dOut).dX, d/dY = grads(ggX, Y, dOut).dY, d/d dOut = product(ggX, Y)
+    + product(X, ggY) (None where `needs` says no one takes it)."""
+    dx = dy = ddout = None
+    if needs[0]:
+        dx = grads(x, ggy, dout, (True, False))[0] if ggy is not None else xp.zeros_like(x)
+    if needs[1]:
+        dy = grads(ggx, y, dout, (False, True))[1] if ggx is not None else xp.zeros_like(y)
+    if needs[2]:
+        terms = [product(ggx, y)] if ggx is not None else []
+        terms += [product(x, ggy)] if ggy is not None else []
+        ddout = terms[0] + terms[1] if len(terms) == 2 else (terms or [xp.zeros_like(dout)])[0]
+    return dx, dy, ddout
 
 
 # ---- build-time validation and shape inference ----

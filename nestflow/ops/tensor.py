@@ -12,7 +12,7 @@ import numpy as np
 from nestflow.core.dtype import dtype_name, is_floating
 from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
 from nestflow.ops.random_state import generator
-from nestflow.ops.registry import Required, VarInfo, fail, register_op, same_as
+from nestflow.ops.registry import Required, VarInfo, fail, linear_double, register_op, same_as
 
 
 def _static_shape(shape: list[int]) -> tuple[int, ...]:
@@ -232,6 +232,8 @@ class reshape:
     def backward(X, Out, Out_grad, shape):
         return (Out_grad.reshape(X.shape),)
 
+    double_backward = linear_double(forward)
+
 
 def _axis(axis: int, ndim: int, what: str) -> int:
     if not -ndim <= axis < ndim:
@@ -259,6 +261,8 @@ class transpose:
     def backward(X, Out, Out_grad, axis, xp):
         inverse = sorted(builtins.range(X.ndim), key=lambda i: axis[i] % X.ndim)
         return (xp.transpose(Out_grad, inverse),)
+
+    double_backward = linear_double(forward)
 
 
 @register_op
@@ -298,6 +302,8 @@ class concat:
     def backward(X, Out, Out_grad, axis, xp):
         bounds = list(itertools.accumulate(x.shape[axis] for x in X))[:-1]
         return (xp.split(Out_grad, bounds, axis=axis),)
+
+    double_backward = linear_double(forward)
 
 
 def _split_sizes(dim: int, num: int, sections: list[int], where: str) -> list[int]:
@@ -429,6 +435,8 @@ class slice:
         index = tuple(_slices(Input.shape, axes, starts, ends, "Input"))
         grad[index] = Out_grad.reshape(grad[index].shape) if decrease_axis else Out_grad
         return (grad,)
+
+    double_backward = linear_double(forward)
 
 
 # ---- embedding and dropout ----
