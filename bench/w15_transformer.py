@@ -7,18 +7,29 @@ the same loss, backward, torch.optim.SGD. PyTorch starts from nestflow's initial
 (weights transposed into its layout) and both see the same batch; their first losses are
 checked to agree before timing. Timed at 1 and at 2 threads (NumPy's BLAS through
 nf.set_num_threads / threadpoolctl, torch.set_num_threads), the contenders interleaved.
+
+Peak RSS: each framework trains RSS_STEPS steps alone in a fresh child process (this script
+with --child), which prints its peak resident set (VmHWM, bench/w6_peak_rss.py); the row holds
+the median over interleaved rounds (target: nestflow <= 0.5x PyTorch's).
 """
 
 from __future__ import annotations
 
+import argparse
+import statistics
+import subprocess
+import sys
 from collections.abc import Callable
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
-from timing import interleaved, main, row, setup_torch, unavailable
+from timing import error_line, interleaved, main, row, setup_torch, unavailable
 
 BATCH, STEPS, D_MODEL, HEADS, D_FF = 32, 64, 256, 4, 1024
 LR = 0.01
+RSS_STEPS = 10
+FRAMEWORKS = ("torch", "nestflow")
 
 Params = dict[str, np.ndarray]
 
@@ -110,7 +121,52 @@ def _threads(n: int, torch):
                 torch.set_num_threads(before)
 
 
-def run(rounds: int = 5) -> dict:
+def child(framework: str, steps: int) -> None:
+    """Train `steps` steps of one framework alone, then print this process's peak RSS (KiB)."""
+    from w6_peak_rss import peak_rss_kib
+
+    xs, ys = batch()
+    if framework == "nestflow":
+        step, _ = make_nestflow_step(xs, ys)
+    else:
+        step = make_torch_step(xs, ys, None, setup_torch())
+    for _ in range(steps):
+        step()
+    print(peak_rss_kib())
+
+
+def peak_mib(framework: str, steps: int) -> float | str:
+    """One child's peak RSS in MiB, or why it failed."""
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__)), "--child", framework, "--steps", str(steps)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        return unavailable(RuntimeError(error_line(done.stderr)))
+    return int(done.stdout.strip().splitlines()[-1]) / 1024.0
+
+
+def peak_rss_row(rounds: int, steps: int = RSS_STEPS) -> dict:
+    samples: dict[str, list] = {f: [] for f in FRAMEWORKS}
+    for _ in range(rounds):
+        for framework in FRAMEWORKS:
+            samples[framework].append(peak_mib(framework, steps))
+
+    def median(values):
+        failed = [v for v in values if isinstance(v, str)]
+        return failed[0] if failed else statistics.median(values)
+
+    return row(
+        f"peak RSS over {steps} train steps",
+        "MiB",
+        median(samples["nestflow"]),
+        torch=median(samples["torch"]),
+        targets=[("torch", 0.5)],
+    )
+
+
+def run(rounds: int = 5, rss_rounds: int = 3) -> dict:
     torch = setup_torch()
     xs, ys = batch()
     nf_entry, params = None, None
@@ -142,6 +198,7 @@ def run(rounds: int = 5) -> dict:
                 targets=[("torch", 1.2)],
             )
         )
+    rows.append(peak_rss_row(rss_rounds))
     return {
         "workload": "W15 Transformer encoder layer B=32 T=64 d=256 4 heads ff 1024, SGD",
         "rows": rows,
@@ -150,4 +207,11 @@ def run(rounds: int = 5) -> dict:
 
 
 if __name__ == "__main__":
-    main(run)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--child", choices=FRAMEWORKS)
+    parser.add_argument("--steps", type=int, default=RSS_STEPS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.steps)
+    else:
+        main(run)
