@@ -177,6 +177,12 @@ class CPUDeviceContext(DeviceContext):
         self._workers: ThreadPoolExecutor | None = None
         self._worker_count = 0
         self._busy = threading.Lock()
+        if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._workers, self._worker_count = None, 0
+        self._busy = threading.Lock()
 
     def parallel_for(self, n: int, body: Callable[[int, int], Any], grain: int = 1) -> list:
         """body(start, stop) over range(n) in chunks of `grain` items (the last one shorter):
