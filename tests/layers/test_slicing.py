@@ -47,6 +47,8 @@ def test_indexing_matches_numpy(expr, batch):
     x = L.data("x", [batch, 3, 4], "float64")
     out = INDEXES[expr](x)
     want = INDEXES[expr](VALUE)
+    if want.ndim == 0:  # Fluid 1.x: integers dropping every dim leave [1] (w[1, 1, 1].shape)
+        want = want.reshape(1)
     (got,) = nf.Executor().run(feed={"x": VALUE}, fetch_list=[out])
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)

@@ -365,7 +365,8 @@ def strided_ref(Input, axes, starts, ends, strides, decrease_axis=(), infer_flag
         index[a] = slice(s, None if (st < 0 and e == -1) else e, st)
     out = Input[tuple(index)]
     keep = [d for i, d in enumerate(out.shape) if i not in [a % out.ndim for a in decrease_axis]]
-    return {"Out": out.reshape(keep)}
+    # Fluid 1.x keeps [1] where every dim is dropped
+    return {"Out": out.reshape(keep or ([1] if decrease_axis else []))}
 
 
 def slice_ref(Input, axes, starts, ends, decrease_axis=(), infer_flags=()):
@@ -408,7 +409,7 @@ SCAN_CASES = [
            grad=("Input",), id="slice-decrease_axis"),
     OpCase("slice", {"Input": normal(3)}, slice_ref,
            {"axes": [0], "starts": [1], "ends": [2], "decrease_axis": [0]}, grad=("Input",),
-           id="slice-decrease_to_0d"),
+           id="slice-decrease_every_dim"),
 ]  # fmt: skip
 
 
