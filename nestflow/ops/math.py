@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from nestflow.core.device_context import device_context
+from nestflow.core.selected_rows import SelectedRows
 from nestflow.errors import DTypeError
 from nestflow.ops.gemm import matmul_tn
 from nestflow.ops.registry import (
@@ -547,10 +549,23 @@ class mul:
 
 @register_op
 class sum:
-    """Out = X[0] + X[1] + ... (how several gradient contributions are added up)."""
+    """Out = X[0] + X[1] + ... (how several gradient contributions are added up). SelectedRows
+    inputs (sparse gradients) add up to a SelectedRows holding all their rows when every input
+    is one, else they are added into the dense sum (Fluid's sum)."""
 
     inputs, outputs = ("X*",), ("Out",)
     grad_no_need_buffer = ("Out",)
+
+    def infer_op(op):
+        block = op.block
+        xs = [block.find_var(n) for n in op.input("X") if n]
+        info = sum.infer([VarInfo(tuple(v.shape), v.dtype) for v in xs])
+        for name in op.output("Out"):
+            if name:
+                out = block.find_var(name) or block.create_var(name)
+                out.shape, out.dtype = info.shape, info.dtype
+                if all(v.type == "selected_rows" for v in xs):
+                    out.type = "selected_rows"
 
     def infer(X):
         if not X:
@@ -562,7 +577,9 @@ class sum:
             shape = broadcast_shapes(shape, other.shape, "inputs of sum")
         return VarInfo(shape, X[0].dtype)
 
-    def forward(X, xp):
+    def forward(X, xp, device=None):
+        if any(isinstance(x, SelectedRows) for x in X):
+            return _sum_with_rows(X, xp, device or device_context())
         out = X[0]
         for x in X[1:]:
             out = out + x
@@ -575,3 +592,24 @@ class sum:
         return ([unbroadcast(Out_grad, x.shape) for x in X],)
 
     double_backward = linear_double(forward)
+
+
+def _sum_with_rows(X, xp, device):
+    """sum's kernel when some of X are SelectedRows: their rows joined when all are, else
+    scatter-added into the sum of the dense ones."""
+    rows = [x for x in X if isinstance(x, SelectedRows)]
+    dense = [x for x in X if not isinstance(x, SelectedRows)]
+    if not dense:
+        return SelectedRows(
+            xp.concatenate([x.rows for x in rows]),
+            xp.concatenate([x.values for x in rows]),
+            rows[0].height,
+            check=False,
+        )
+    out = dense[0].copy()
+    for x in dense[1:]:
+        out = out + x
+    out = xp.asarray(out)
+    for x in rows:
+        device.scatter_add(out, x.rows, x.values.astype(out.dtype, copy=False))
+    return out

@@ -148,6 +148,8 @@ class OpDef:
     # (a control-flow op's names inside its sub-block): prune drops an unneeded output and
     # its entries together, and then prunes the sub-block to what is left
     output_attrs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # input slot -> bool attr: when the attr is set, the slot's gradient is a SelectedRows
+    sparse_grad: dict[str, str] = field(default_factory=dict)
     doc: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -248,6 +250,8 @@ def register_op(cls: type) -> type:
       `no_grad_inputs` names input slots that never get a gradient, and
       `grad_no_need_buffer` the forward slots whose values `backward` never reads (at most
       their shape and dtype); `no_need_buffer` names the op's own such input slots.
+    - `sparse_grad = {"W": "is_sparse"}`: when the bool attr is set, the gradient of input
+      slot W is a SelectedRows (`backward` returns one) and its variable is typed so.
     - `inplace = {"Out": "X"}`: `forward` accepts `out=` and may write Out into X's buffer
       (the executor passes it only when it owns that buffer outright); `grad_inplace` likewise
       for the gradient op.
@@ -315,6 +319,7 @@ def register_op(cls: type) -> type:
         no_grad_inputs=frozenset(cls.__dict__.get("no_grad_inputs", ())),
         inplace=dict(cls.__dict__.get("inplace", {})),
         output_attrs=dict(cls.__dict__.get("output_attrs", {})),
+        sparse_grad=dict(cls.__dict__.get("sparse_grad", {})),
         doc=inspect.cleandoc(cls.__doc__ or ""),
     )
     if op_def.forward is None and op_def.run is None:
@@ -430,6 +435,7 @@ def _gradient_op_def(fwd: OpDef, inplace: dict[str, str], no_need_buffer: frozen
         backward_wants_needs="needs" in inspect.signature(fwd.backward).parameters,
         inplace=inplace,
         no_need_buffer=no_need_buffer,
+        sparse_grad=dict(fwd.sparse_grad),
     )
 
 
@@ -460,8 +466,10 @@ def _register_double(grad_def: OpDef, double: Callable, slots: Sequence[str]) ->
 def _infer_grad_like_forward(op: OpDesc) -> None:
     """A gradient has the shape and dtype of the variable it is the gradient of."""
     block = op.block
+    sparse = get_op_def(op.type).sparse_grad
     for slot, names in op.outputs.items():
-        fwd_names = op.inputs.get(slot[: -len(GRAD_SUFFIX)], [])
+        fwd_slot = slot[: -len(GRAD_SUFFIX)]
+        fwd_names = op.inputs.get(fwd_slot, [])
         for name, fwd_name in zip(names, fwd_names):
             if not name:
                 continue  # "": a gradient nobody takes, no variable
@@ -469,6 +477,8 @@ def _infer_grad_like_forward(op: OpDesc) -> None:
             var = block.find_var(name) or block.create_var(name)
             if fwd_var is not None:
                 var.shape, var.dtype = fwd_var.shape, fwd_var.dtype
+            if fwd_slot in sparse and op.attrs.get(sparse[fwd_slot]):
+                var.type = "selected_rows"
 
 
 @dataclass
