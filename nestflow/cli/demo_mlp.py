@@ -35,7 +35,7 @@ import argparse
 import contextlib
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +111,42 @@ def progress_logger(epochs: int, steps: int, shown: bool = True) -> Any:
     logger = nf.callbacks.ProgBarLogger(log_freq=1, verbose=1 if shown else 0)
     logger.set_params({"epochs": epochs, "steps": steps})
     return logger
+
+
+def train_epochs(
+    program: nf.Program,
+    startup: nf.Program,
+    scope: nf.Scope,
+    epochs: int,
+    batches: Callable[[np.random.Generator], Iterator[np.ndarray]],
+    feed_of: Callable[[np.ndarray], dict[str, np.ndarray]],
+    fetch: list,
+    steps: int,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[float]:
+    """The sequence demos' hand-written training loop: `startup` in `scope` (after
+    nf.seed(seed)), then each epoch `program` on `feed_of(rows)` for the `rows` of each batch
+    `batches(rng)` gives, fetching `fetch` (the loss, and the accuracy where there is one);
+    progress as nf.Model.fit shows it. Returns each epoch's mean loss over its rows."""
+    exe = nf.Executor()
+    nf.seed(seed)
+    exe.run(startup, scope=scope)
+    rng = np.random.default_rng(seed + 1)
+    logger = progress_logger(epochs, steps, progress)
+    names = ("loss", "acc")[: len(fetch)]
+    history = []
+    for epoch in range(epochs):
+        logger.on_epoch_begin(epoch)
+        seen, sums = 0.0, [0.0] * len(fetch)
+        for step, rows in enumerate(batches(rng)):
+            values = exe.run(program, feed=feed_of(rows), fetch_list=fetch, scope=scope)
+            seen += len(rows)
+            sums = [total + float(value) * len(rows) for total, value in zip(sums, values)]
+            logger.on_train_batch_end(step, {n: s / seen for n, s in zip(names, sums)})
+        logger.on_epoch_end(epoch, {n: s / seen for n, s in zip(names, sums)})
+        history.append(sums[0] / seen)
+    return history
 
 
 def train(

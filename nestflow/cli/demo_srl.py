@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import nestflow as nf
-from nestflow.cli.demo_mlp import output_directory, progress_logger, saved_message, verdict
+from nestflow.cli.demo_mlp import output_directory, saved_message, train_epochs, verdict
 from nestflow.core.threads import threads_summary
 
 VOCAB = 40
@@ -149,25 +149,18 @@ def train(
     model: Model, data: Sentences, scope: nf.Scope, epochs: int, seed: int = 0, progress=True
 ) -> list[float]:
     """Train in place in `scope`; returns the mean training cost of each epoch."""
-    exe = nf.Executor()
-    nf.seed(seed)
-    exe.run(model.startup, scope=scope)
-    rng = np.random.default_rng(seed + 1)
-    logger = progress_logger(epochs, -(-len(data.lengths) // BATCH_SIZE), progress)
-    history = []
-    for epoch in range(epochs):
-        logger.on_epoch_begin(epoch)
-        seen = cost_sum = 0.0
-        for step, rows in enumerate(batches(data, rng)):
-            (loss,) = exe.run(
-                model.main, feed=feed_of(data, rows), fetch_list=[model.loss], scope=scope
-            )
-            seen += len(rows)
-            cost_sum += float(loss) * len(rows)
-            logger.on_train_batch_end(step, {"loss": cost_sum / seen})
-        logger.on_epoch_end(epoch, {"loss": cost_sum / seen})
-        history.append(cost_sum / seen)
-    return history
+    return train_epochs(
+        model.main,
+        model.startup,
+        scope,
+        epochs,
+        lambda rng: batches(data, rng),
+        lambda rows: feed_of(data, rows),
+        [model.loss],
+        steps=-(-len(data.lengths) // BATCH_SIZE),
+        seed=seed,
+        progress=progress,
+    )
 
 
 def decode(program, feeds, fetches, scope, data: Sentences) -> np.ndarray:

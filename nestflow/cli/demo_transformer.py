@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import nestflow as nf
-from nestflow.cli.demo_mlp import output_directory, progress_logger, saved_message, verdict
+from nestflow.cli.demo_mlp import output_directory, saved_message, train_epochs, verdict
 from nestflow.core.threads import threads_summary
 
 VOCAB, TOKEN_A, TOKEN_B = 16, 1, 2
@@ -127,30 +127,18 @@ def train(
     model: Model, data: Sequences, scope: nf.Scope, epochs: int, seed: int = 0, progress=True
 ) -> list[float]:
     """Train in place in `scope`; returns the mean training loss of each epoch."""
-    exe = nf.Executor()
-    nf.seed(seed)
-    exe.run(model.startup, scope=scope)
-    rng = np.random.default_rng(seed + 1)
-    n = len(data.lengths)
-    logger = progress_logger(epochs, -(-n // BATCH_SIZE), progress)
-    history = []
-    for epoch in range(epochs):
-        logger.on_epoch_begin(epoch)
-        seen = loss_sum = correct = 0.0
-        for step, rows in enumerate(batches(data, rng)):
-            loss, accuracy = exe.run(
-                model.main,
-                feed=feed_of(data, rows),
-                fetch_list=[model.loss, model.accuracy],
-                scope=scope,
-            )
-            seen += len(rows)
-            loss_sum += float(loss) * len(rows)
-            correct += float(accuracy) * len(rows)
-            logger.on_train_batch_end(step, {"loss": loss_sum / seen, "acc": correct / seen})
-        logger.on_epoch_end(epoch, {"loss": loss_sum / seen, "acc": correct / seen})
-        history.append(loss_sum / seen)
-    return history
+    return train_epochs(
+        model.main,
+        model.startup,
+        scope,
+        epochs,
+        lambda rng: batches(data, rng),
+        lambda rows: feed_of(data, rows),
+        [model.loss, model.accuracy],
+        steps=-(-len(data.lengths) // BATCH_SIZE),
+        seed=seed,
+        progress=progress,
+    )
 
 
 def predict(program, feeds, fetches, scope, data: Sequences) -> np.ndarray:
