@@ -1,4 +1,5 @@
-"""Normalisation ops: batch_norm, layer_norm (Fluid 1.8's slots, attrs and statistics).
+"""Normalisation ops: batch_norm, layer_norm, group_norm, instance_norm (Fluid 1.8's slots,
+attrs and statistics).
 
 batch_norm normalises each channel over the batch and every other axis; in training it also
 moves the running statistics: `MeanOut = momentum * Mean + (1 - momentum) * batch_mean` and the
@@ -9,18 +10,21 @@ and the batch's inverse standard deviation `1 / sqrt(var + epsilon)` (Fluid's Sa
 or in inference the running mean and its inverse standard deviation.
 
 layer_norm normalises each row of X flattened to 2-D at `begin_norm_axis`; Mean and Variance
-(biased) are per row.
+(biased) are per row. group_norm normalises each (sample, group of channels); instance_norm is
+the same with one channel per group (its SavedVariance is the inverse standard deviation).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
-from nestflow.core.dtype import is_floating
+from nestflow.core.device_context import array_module, chunk_grain
+from nestflow.core.dtype import LOW_PRECISION, is_floating
 from nestflow.errors import AttrError, DTypeError
-from nestflow.ops.registry import VarInfo, fail, register_op
+from nestflow.ops.registry import Required, VarInfo, fail, register_op
 
 _LAYOUTS = ("NCHW", "NHWC")
 
@@ -35,11 +39,23 @@ def _require_float(X: VarInfo, op: str) -> None:
         raise DTypeError(f"{op} needs a floating-point X, got {X.dtype}; cast it first")
 
 
+def _stat_dtype(dtype: str) -> str:
+    """The dtype of the affine parameters and statistics for an X of `dtype`: float32 for a
+    float16/bfloat16 X (Fluid's BatchNormParamType; nf.amp keeps them float32 masters)."""
+    return "float32" if dtype in LOW_PRECISION else dtype
+
+
+def _wide(array):
+    """A float16/bfloat16 array in float32, the precision the statistics are computed in."""
+    return array.astype(np.float32) if array.dtype.name in LOW_PRECISION else array
+
+
 def _check_vector(name: str, info: VarInfo | None, size: int, X: VarInfo, what: str) -> None:
-    """`info` must be a 1-D vector of `size` elements (-1: unknown) with X's dtype."""
+    """`info` must be a 1-D vector of `size` elements (-1: unknown) with X's dtype (float32
+    for a float16/bfloat16 X)."""
     if info is None:
         return
-    if info.dtype != X.dtype:
+    if info.dtype != _stat_dtype(X.dtype):
         raise DTypeError(f"{name} is {info.dtype} but X is {X.dtype}; they must match")
     if len(info.shape) != 1 or (-1 not in (size, info.shape[0]) and info.shape[0] != size):
         fail(f"{name} must be [{size}] ({what} of X {list(X.shape)}), got {list(info.shape)}")
@@ -111,10 +127,11 @@ class batch_norm:
         if MomentumTensor is not None and -1 not in MomentumTensor.shape:
             if math.prod(MomentumTensor.shape) != 1:
                 fail(f"MomentumTensor must hold one value, got {list(MomentumTensor.shape)}")
-        stat = VarInfo((channels,), X.dtype)
+        stat = VarInfo((channels,), _stat_dtype(X.dtype))
         return VarInfo(X.shape, X.dtype), stat, stat, stat, stat
 
-    def forward(X, Scale, Bias, Mean, Variance, MomentumTensor, xp, **attrs):
+    def forward(X, Scale, Bias, Mean, Variance, MomentumTensor, xp, device=None, **attrs):
+        dtype, X = X.dtype, _wide(X)
         c_axis = _channel_axis(X.ndim, attrs["data_layout"])
         axes, shape = _per_channel(X.ndim, c_axis)
         epsilon = X.dtype.type(attrs["epsilon"])
@@ -126,21 +143,20 @@ class batch_norm:
             inv_std = 1.0 / xp.sqrt(Variance + epsilon)
             new_scale = (Scale * inv_std).reshape(shape)
             y = (X - Mean.reshape(shape)) * new_scale + Bias.reshape(shape)
-            return y, Mean, Variance, Mean, inv_std
+            return y.astype(dtype, copy=False), Mean, Variance, Mean, inv_std
         if count <= 1:  # nothing to normalise over (Fluid: Y = X, statistics untouched)
             zeros = xp.zeros_like(Mean)
-            return X.copy(), Mean, Variance, zeros, zeros.copy()
-        mean = X.mean(axis=axes)
-        centered = X - mean.reshape(shape)
-        var = xp.mean(xp.square(centered), axis=axes)
-        inv_std = 1.0 / xp.sqrt(var + epsilon)
-        y = centered * (Scale * inv_std).reshape(shape) + Bias.reshape(shape)
+            return X.astype(dtype), Mean, Variance, zeros, zeros.copy()
+        y, mean, var, inv_std = _by_channel(
+            device, X, c_axis, (Scale, Bias), lambda *a: _normalized(*a, c_axis, epsilon, xp)
+        )
         if MomentumTensor is None:
             momentum = attrs["momentum"]
             keep, take = X.dtype.type(momentum), X.dtype.type(1.0 - momentum)
         else:  # [1], kept where it lives: 1 - momentum in float64, as for the attribute
             momentum = MomentumTensor.reshape(-1)[:1].astype(np.float64)
             keep, take = momentum.astype(X.dtype), (1.0 - momentum).astype(X.dtype)
+        y = y.astype(dtype, copy=False)
         return y, Mean * keep + mean * take, Variance * keep + var * take, mean, inv_std
 
     def backward(
@@ -163,8 +179,10 @@ class batch_norm:
         needs=(True, True, True),
         *,
         xp,
+        device=None,
         **attrs,
     ):
+        dtype, X, Y_grad = X.dtype, _wide(X), _wide(Y_grad)
         c_axis = _channel_axis(X.ndim, attrs["data_layout"])
         axes, shape = _per_channel(X.ndim, c_axis)
         epsilon = X.dtype.type(attrs["epsilon"])
@@ -174,7 +192,7 @@ class batch_norm:
         count = X.size // max(X.shape[c_axis], 1)
         if not running and count <= 1:  # Y = X was copied through
             zeros = xp.zeros_like(Scale)
-            return Y_grad.copy(), zeros, zeros.copy()
+            return Y_grad.astype(dtype), zeros, zeros.copy()
         if running:
             mean, inv_std = Mean, 1.0 / xp.sqrt(Variance + epsilon)
         elif SavedMean is not None and SavedVariance is not None:
@@ -184,21 +202,87 @@ class batch_norm:
             inv_std = 1.0 / xp.sqrt(
                 xp.mean(xp.square(X - mean.reshape(shape)), axis=axes) + epsilon
             )
-        x_hat = (X - mean.reshape(shape)) * inv_std.reshape(shape)
-        bias_grad = Y_grad.sum(axis=axes)
-        scale_grad = (Y_grad * x_hat).sum(axis=axes)
-        x_grad = None
-        if needs[0]:
-            gain = (Scale * inv_std).reshape(shape)
-            if running:  # the statistics are constants: Y is affine in X
-                x_grad = Y_grad * gain
-            else:
-                x_grad = gain * (
-                    Y_grad
-                    - (bias_grad / count).reshape(shape)
-                    - x_hat * (scale_grad / count).reshape(shape)
-                )
+
+        def part(x, y_grad, scale, mean, inv_std):
+            args = (x, y_grad, scale, mean, inv_std, c_axis, running, needs[0])
+            return _normalized_grads(*args, xp)
+
+        x_grad, scale_grad, bias_grad = _by_channel(
+            device, X, c_axis, (Y_grad, Scale, mean, inv_std), part
+        )
+        if x_grad is not None:
+            x_grad = x_grad.astype(dtype, copy=False)
         return x_grad, scale_grad, bias_grad
+
+
+# The intra-op pool splits batch_norm over channels in chunks of at least this many elements.
+_NORM_CHUNK_ELEMENTS = 1 << 17
+
+
+def _by_channel(device, X, c_axis: int, operands, body):
+    """body(X, *operands) over chunks of X's channels on device's pool (one call for small X or
+    no device): operands are X-shaped arrays or [C] vectors, sliced alike. body returns
+    (an X-shaped array or None, [C] vectors...); the chunks' parts are put together."""
+    channels = X.shape[c_axis]
+    grain = chunk_grain(channels, X.size // max(channels, 1), _NORM_CHUNK_ELEMENTS)
+    if device is None or grain >= channels:
+        return body(X, *operands)
+    xp = array_module(X)
+    lead = (slice(None),) * c_axis
+
+    def sliced(a, part):
+        return a[part] if a.ndim == 1 else a[lead + (part,)]
+
+    results: list = []
+    made = threading.Lock()
+
+    def chunk(start: int, stop: int):
+        part = slice(start, stop)
+        got = body(sliced(X, part), *(sliced(a, part) for a in operands))
+        if got[0] is not None:
+            with made:  # the first chunk done makes the whole array
+                if not results:
+                    results.append(xp.empty(X.shape, got[0].dtype))
+            results[0][lead + (part,)] = got[0]  # a chunk slice: disjoint from the others
+        return got[1:]
+
+    parts = device.parallel_for(channels, chunk, grain)
+    big = results[0] if results else None
+    return (big,) + tuple(xp.concatenate(v) for v in zip(*parts))
+
+
+def _normalized(X, Scale, Bias, c_axis, epsilon, xp):
+    """batch_norm's training forward on X (a chunk of its channels): (Y, mean, biased var,
+    inverse std)."""
+    axes, shape = _per_channel(X.ndim, c_axis)
+    mean = X.mean(axis=axes)
+    centered = X - mean.reshape(shape)
+    var = xp.mean(xp.square(centered), axis=axes)
+    inv_std = 1.0 / xp.sqrt(var + epsilon)
+    centered *= (Scale * inv_std).reshape(shape)
+    centered += Bias.reshape(shape)
+    return centered, mean, var, inv_std
+
+
+def _normalized_grads(X, Y_grad, Scale, mean, inv_std, c_axis, running, wants_x, xp):
+    """batch_norm's gradients on X (a chunk of its channels): (X grad or None, Scale grad,
+    Bias grad)."""
+    axes, shape = _per_channel(X.ndim, c_axis)
+    count = X.size // max(Scale.shape[0], 1)
+    x_hat = X - mean.reshape(shape)
+    x_hat *= inv_std.reshape(shape)
+    bias_grad = Y_grad.sum(axis=axes)
+    scale_grad = (Y_grad * x_hat).sum(axis=axes)
+    if not wants_x:
+        return None, scale_grad, bias_grad
+    gain = (Scale * inv_std).reshape(shape)
+    if running:  # the statistics are constants: Y is affine in X
+        return Y_grad * gain, scale_grad, bias_grad
+    x_hat *= (scale_grad / count).reshape(shape)
+    x_grad = Y_grad - (bias_grad / count).reshape(shape)
+    x_grad -= x_hat
+    x_grad *= gain
+    return x_grad, scale_grad, bias_grad
 
 
 # ---- layer_norm ----
@@ -234,10 +318,11 @@ class layer_norm:
         what = f"the product of X's dims from {begin_norm_axis} on"
         _check_vector("Scale", Scale, width, X, what)
         _check_vector("Bias", Bias, width, X, what)
-        stat = VarInfo((rows,), X.dtype)
+        stat = VarInfo((rows,), _stat_dtype(X.dtype))
         return VarInfo(X.shape, X.dtype), stat, stat
 
     def forward(X, Scale, Bias, epsilon, begin_norm_axis, is_test, use_mkldnn, xp):
+        dtype, X = X.dtype, _wide(X)
         rows, width = _rows_and_width(X.shape, begin_norm_axis)
         x = X.reshape(rows, width)
         mean = x.mean(axis=1)
@@ -248,7 +333,7 @@ class layer_norm:
             y = y * Scale
         if Bias is not None:
             y = y + Bias
-        return y.reshape(X.shape), mean, var
+        return y.reshape(X.shape).astype(dtype, copy=False), mean, var
 
     def backward(
         X,
@@ -268,6 +353,7 @@ class layer_norm:
         *,
         xp,
     ):
+        dtype, X, Y_grad = X.dtype, _wide(X), _wide(Y_grad)
         rows, width = _rows_and_width(X.shape, begin_norm_axis)
         x = X.reshape(rows, width)
         dy = Y_grad.reshape(rows, width)
@@ -284,8 +370,177 @@ class layer_norm:
             x_grad = inv_std * (
                 g - g.mean(axis=1, keepdims=True) - x_hat * (g * x_hat).mean(axis=1, keepdims=True)
             )
-            x_grad = x_grad.reshape(X.shape)
+            x_grad = x_grad.reshape(X.shape).astype(dtype, copy=False)
         return x_grad, scale_grad, bias_grad
 
 
-__all__ = ["batch_norm", "layer_norm"]
+# ---- group_norm, instance_norm ----
+
+
+def _grouped(x, groups: int):
+    """x [N, C, ...] as [N, groups, C / groups * spatial] (a view where x is contiguous)."""
+    return x.reshape(x.shape[0], groups, math.prod(x.shape[1:]) // groups)
+
+
+def _group_normalise(x, groups: int, epsilon: float, xp):
+    """(x normalised per (sample, group), mean [N, G], biased variance [N, G])."""
+    g = _grouped(x, groups)
+    mean = g.mean(axis=2)
+    centered = g - mean[:, :, None]
+    var = xp.mean(xp.square(centered), axis=2)
+    inv_std = 1.0 / xp.sqrt(var + x.dtype.type(epsilon))
+    return (centered * inv_std[:, :, None]).reshape(x.shape), mean, var
+
+
+def _channel_vector(v, ndim: int):
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def _group_norm_grads(x, y_grad, scale, has_bias, groups, epsilon, needs, xp):
+    """(x, scale, bias) gradients of y = normalise(x) * scale + bias, x [N, C, ...]."""
+    x_hat, _, var = _group_normalise(x, groups, epsilon, xp)
+    reduce_axes = (0,) + tuple(range(2, x.ndim))
+    scale_grad = (y_grad * x_hat).sum(axis=reduce_axes) if scale is not None and needs[1] else None
+    bias_grad = y_grad.sum(axis=reduce_axes) if has_bias and needs[2] else None
+    x_grad = None
+    if needs[0]:
+        g = y_grad * _channel_vector(scale, x.ndim) if scale is not None else y_grad
+        g, h = _grouped(g, groups), _grouped(x_hat, groups)
+        inv_std = (1.0 / xp.sqrt(var + x.dtype.type(epsilon)))[:, :, None]
+        x_grad = inv_std * (
+            g - g.mean(axis=2, keepdims=True) - h * (g * h).mean(axis=2, keepdims=True)
+        )
+        x_grad = x_grad.reshape(x.shape)
+    return x_grad, scale_grad, bias_grad
+
+
+def _affine(y, scale, bias):
+    if scale is not None:
+        y = y * _channel_vector(scale, y.ndim)
+    if bias is not None:
+        y = y + _channel_vector(bias, y.ndim)
+    return y
+
+
+def _channels_first(x, layout: str):
+    return _moveaxis(x, -1, 1) if layout == "NHWC" else x
+
+
+def _channels_back(x, layout: str):
+    return _moveaxis(x, 1, -1) if layout == "NHWC" else x
+
+
+def _moveaxis(x, source: int, dest: int):
+    axes = list(range(x.ndim))
+    axes.insert(dest % x.ndim, axes.pop(source % x.ndim))
+    return x.transpose(axes)
+
+
+@register_op
+class group_norm:
+    """X [N, C, ...] (rank >= 3; NHWC with data_layout) split into `groups` groups of C /
+    groups channels; each (sample, group) normalised over its channels and spatial positions:
+    Y = (X - Mean) / sqrt(Variance + epsilon) * Scale + Bias, Scale/Bias optional [C],
+    Mean/Variance (biased) [N, groups]. ShapeError when C does not divide by groups."""
+
+    inputs, outputs = ("X", "Scale?", "Bias?"), ("Y", "Mean?", "Variance?")
+    grad_no_need_buffer = ("Y",)
+    attrs = {"epsilon": 1e-5, "groups": Required(int), "data_layout": "NCHW"}
+
+    def infer(X, Scale, Bias, epsilon, groups, data_layout):
+        _require_float(X, "group_norm")
+        _check_epsilon(epsilon, "group_norm")
+        if data_layout not in _LAYOUTS:
+            raise AttrError(
+                f"group_norm: data_layout must be one of {_LAYOUTS}, got {data_layout!r}"
+            )
+        if X.ndim < 3:
+            fail(f"group_norm needs X of rank >= 3 ([N, C, ...]), got {list(X.shape)}")
+        channels = X.shape[-1] if data_layout == "NHWC" else X.shape[1]
+        if groups < 1 or (channels >= 0 and channels % groups):
+            fail(
+                f"group_norm: the {channels} channels of X {list(X.shape)} do not divide into "
+                f"groups={groups}"
+            )
+        what = "the channels of X"
+        _check_vector("Scale", Scale, channels, X, what)
+        _check_vector("Bias", Bias, channels, X, what)
+        stat = VarInfo((X.shape[0], groups), X.dtype)
+        return VarInfo(X.shape, X.dtype), stat, stat
+
+    def forward(X, Scale, Bias, epsilon, groups, data_layout, xp):
+        x = xp.ascontiguousarray(_channels_first(X, data_layout))
+        y, mean, var = _group_normalise(x, groups, epsilon, xp)
+        return _channels_back(_affine(y, Scale, Bias), data_layout), mean, var
+
+    def backward(
+        X,
+        Scale,
+        Bias,
+        Y,
+        Mean,
+        Variance,
+        Y_grad,
+        Mean_grad,
+        Variance_grad,
+        epsilon,
+        groups,
+        data_layout,
+        needs=(True, True, True),
+        *,
+        xp,
+    ):
+        x = xp.ascontiguousarray(_channels_first(X, data_layout))
+        dy = xp.ascontiguousarray(_channels_first(Y_grad, data_layout))
+        dx, ds, db = _group_norm_grads(x, dy, Scale, Bias is not None, groups, epsilon, needs, xp)
+        return (None if dx is None else _channels_back(dx, data_layout)), ds, db
+
+
+@register_op
+class instance_norm:
+    """X [N, C, ...] (rank >= 3) normalised per (sample, channel) over its spatial positions:
+    Y = (X - mean) / sqrt(var + epsilon) * Scale + Bias, Scale/Bias optional [C]; SavedMean
+    and SavedVariance [N * C] hold the mean and the inverse standard deviation
+    1 / sqrt(var + epsilon), as Fluid's."""
+
+    inputs, outputs = ("X", "Scale?", "Bias?"), ("Y", "SavedMean?", "SavedVariance?")
+    grad_no_need_buffer = ("Y",)
+    attrs = {"epsilon": 1e-5}
+
+    def infer(X, Scale, Bias, epsilon):
+        _require_float(X, "instance_norm")
+        _check_epsilon(epsilon, "instance_norm")
+        if X.ndim < 3:
+            fail(f"instance_norm needs X of rank >= 3 ([N, C, ...]), got {list(X.shape)}")
+        _check_vector("Scale", Scale, X.shape[1], X, "the channels of X")
+        _check_vector("Bias", Bias, X.shape[1], X, "the channels of X")
+        n, c = X.shape[:2]
+        stat = VarInfo((-1 if -1 in (n, c) else n * c,), X.dtype)
+        return VarInfo(X.shape, X.dtype), stat, stat
+
+    def forward(X, Scale, Bias, epsilon, xp):
+        x = xp.ascontiguousarray(X)
+        y, mean, var = _group_normalise(x, X.shape[1], epsilon, xp)
+        inv_std = 1.0 / xp.sqrt(var + X.dtype.type(epsilon))
+        return _affine(y, Scale, Bias), mean.reshape(mean.size), inv_std.reshape(mean.size)
+
+    def backward(
+        X,
+        Scale,
+        Bias,
+        Y,
+        SavedMean,
+        SavedVariance,
+        Y_grad,
+        SavedMean_grad,
+        SavedVariance_grad,
+        epsilon,
+        needs=(True, True, True),
+        *,
+        xp,
+    ):
+        x = xp.ascontiguousarray(X)
+        return _group_norm_grads(x, Y_grad, Scale, Bias is not None, X.shape[1], epsilon, needs, xp)
+
+
+__all__ = ["batch_norm", "group_norm", "instance_norm", "layer_norm"]
