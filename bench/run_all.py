@@ -34,6 +34,7 @@ WORKLOADS = {
     "w11": ("w11_resnet50_onnx", "W11 ResNet-50 (light) from ONNX, forward, 1 thread"),
     "w12": ("w12_distributed", "W12 data-parallel MPI, 1 BLAS thread per rank"),
     "w15": ("w15_transformer", "W15 Transformer encoder layer train step, 1 and 2 threads"),
+    "w16": ("w16_word2vec", "W16 word2vec step, 100,000-row tables: is_sparse vs dense vs PyTorch"),
     "w17": ("w17_wgan_gp", "W17 WGAN-GP critic step (second-order gradients), 1 and 2 threads"),
     "import": ("import_time", "import time"),
 }

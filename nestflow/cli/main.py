@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--model",
-        choices=("mlp", "rnn", "conv", "translate", "sentiment", "srl", "transformer"),
+        choices=("mlp", "rnn", "conv", "translate", "sentiment", "srl", "transformer", "word2vec"),
         default="mlp",
     )
     demo.add_argument("--epochs", type=int, default=None, help="passes over the training set")

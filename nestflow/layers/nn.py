@@ -555,6 +555,8 @@ def transpose(x, perm: Sequence[int], name=None) -> VarDesc:
 def embedding(
     input,
     size: Sequence[int],
+    is_sparse: bool = False,
+    is_distributed: bool = False,
     padding_idx: int | None = None,
     param_attr=None,
     dtype: Any = "float32",
@@ -563,18 +565,27 @@ def embedding(
     """Rows of a [vocab, dim] table (`size`) picked by int64 ids, as Fluid 1.8's
     `fluid.layers.embedding` (lookup_table): ids ending in a dim of 1 have it replaced by dim
     ([N, 1] -> [N, dim], [N, T, 1] -> [N, T, dim]), other ids get dim appended ([N, T] ->
-    [N, T, dim]). `padding_idx` rows come out as zeros and get no gradient.
+    [N, T, dim]). `padding_idx` rows come out as zeros and get no gradient. With `is_sparse`
+    the table's gradient is an nf.SelectedRows (the looked-up rows and their gradients, ids x
+    dim, never the table), which the optimizers' updates, the regularizers and gradient
+    clipping take as it is (see the training guide's "Sparse embedding gradients").
+    `is_distributed` (Fluid's parameter-server table) is refused with an AttrError.
 
     >>> ids = nf.data("ids", [-1, 1], "int64")
     >>> nf.layers.embedding(ids, size=[100, 8]).shape
     (-1, 8)
     >>> nf.layers.embedding(nf.data("words", [-1, 5], "int64"), size=[100, 8]).shape
     (-1, 5, 8)
+    >>> emb = nf.layers.embedding(ids, size=[100_000, 8], is_sparse=True)
+    >>> (_, g), = nf.append_backward(nf.layers.mean(emb))
+    >>> g.type
+    'selected_rows'
     """
     prefix = name or unique_name.generate("embedding")
     w = parameter_from_attr(param_attr, list(size), dtype_name(dtype), f"{prefix}.w", Xavier())
     pad = -1 if padding_idx is None else padding_idx
-    return append_op("lookup_table", {"W": w, "Ids": input}, {"padding_idx": pad}, name=prefix)
+    attrs = {"padding_idx": pad, "is_sparse": bool(is_sparse), "is_distributed": is_distributed}
+    return append_op("lookup_table", {"W": w, "Ids": input}, attrs, name=prefix)
 
 
 def dropout(

@@ -10,6 +10,7 @@ import operator
 import numpy as np
 
 from nestflow.core.dtype import dtype_name, is_floating
+from nestflow.core.selected_rows import SelectedRows
 from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
 from nestflow.ops.random_state import generator
 from nestflow.ops.registry import Required, VarInfo, fail, linear_double, register_op, same_as
@@ -384,14 +385,15 @@ def _sliced_dim(dim: int, s: builtins.slice) -> int:
 
 def decreased_shape(shape: tuple[int, ...], decrease_axis: list[int]) -> tuple[int, ...]:
     """`shape` without the dims in `decrease_axis`, each of which must be 1 (or unknown).
-    Dropping every dim gives a 0-d result (Fluid gives [1]), as x[0] of a vector does."""
+    Dropping every dim gives [1], as Fluid 1.x's slice does (`w[1, 1, 1]` has shape (1,))."""
     drop = set()
     for axis in decrease_axis:
         ax = _axis(axis, len(shape), f"the sliced shape {list(shape)}")
         if shape[ax] not in (1, -1):
             fail(f"decrease_axis {decrease_axis} drops dim {ax} of {list(shape)}, not of size 1")
         drop.add(ax)
-    return tuple(d for i, d in enumerate(shape) if i not in drop)
+    kept = tuple(d for i, d in enumerate(shape) if i not in drop)
+    return kept if kept or not drop else (1,)
 
 
 @register_op
@@ -452,15 +454,24 @@ class lookup_table:
     """Out = rows of W [vocab, dim] picked by int Ids [...] (or [..., 1]): shape [..., dim].
 
     Rows looked up with `padding_idx` (-1: none) are zeros and give W no gradient. Ids outside
-    [0, vocab) raise ExecutionError.
+    [0, vocab) raise ExecutionError. With `is_sparse` W's gradient is a SelectedRows (Fluid's):
+    one row per id (repeats kept, their values adding up) holding Out's gradient, ids x dim
+    memory instead of the table's. `is_distributed` (Fluid's parameter-server table) must
+    stay False.
     """
 
     inputs, outputs = ("W", "Ids"), ("Out",)
     grad_no_need_buffer = ("Out",)
-    attrs = {"padding_idx": -1}
+    attrs = {"padding_idx": -1, "is_sparse": False, "is_distributed": False}
     no_grad_inputs = ("Ids",)
+    sparse_grad = {"W": "is_sparse"}
 
-    def infer(W, Ids, padding_idx):
+    def infer(W, Ids, padding_idx, is_sparse, is_distributed):
+        if is_distributed:
+            raise AttrError(
+                "is_distributed=True needs Fluid's parameter server, which nestflow has not: "
+                "use is_sparse=True (with nf.distributed, the gradient is all-reduced dense)"
+            )
         if W.ndim != 2:
             fail(f"W must be a [vocab, dim] table, got {list(W.shape)}")
         if np.dtype(Ids.dtype).kind not in "iu":
@@ -470,7 +481,7 @@ class lookup_table:
             raise AttrError(f"padding_idx {padding_idx} is outside W {list(W.shape)}'s rows")
         return VarInfo(_ids_shape(Ids.shape) + (W.shape[1],), W.dtype)
 
-    def forward(W, Ids, padding_idx):
+    def forward(W, Ids, padding_idx, is_sparse, is_distributed):
         ids = Ids.reshape(_ids_shape(Ids.shape))
         # One host read the op needs: a device wraps bad ids around where they must raise.
         if ids.size and bool((ids.min() < 0) | (ids.max() >= W.shape[0])):
@@ -484,8 +495,13 @@ class lookup_table:
             out[ids == padding_idx] = 0
         return out
 
-    def backward(W, Ids, Out, Out_grad, padding_idx, xp, device):
+    def backward(W, Ids, Out, Out_grad, padding_idx, is_sparse, is_distributed, xp, device):
         ids = Ids.reshape(-1)
+        if is_sparse:
+            values = Out_grad.reshape(ids.size, W.shape[1])
+            if padding_idx != -1:
+                values = xp.where((ids == padding_idx)[:, None], xp.zeros((), values.dtype), values)
+            return (SelectedRows(ids, values, W.shape[0], check=False),)
         grad = xp.zeros_like(W, dtype=Out_grad.dtype)
         # Repeated ids add up: add.at accumulates where fancy-index assignment would overwrite.
         device.scatter_add(grad, ids, Out_grad.reshape(ids.size, W.shape[1]))
