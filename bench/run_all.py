@@ -29,13 +29,16 @@ WORKLOADS = {
     "w6": ("w6_peak_rss", "W6 peak RSS of W1 training"),
     "w7": ("w7_rnn_memory", "W7 RNN example, 1000 train steps"),
     "w8": ("w8_lenet", "W8 LeNet-5 train step, [64, 1, 28, 28], SGD, 1 thread"),
-    "w9": ("w9_conv", "W9 conv2d fwd+bwd, 64->64 on [32, 64, 28, 28], 1 thread"),
+    "w9": ("w9_conv", "W9 conv2d fwd+bwd, 64->64 on [32, 64, 28, 28], 1 and 2 threads"),
     "w10": ("w10_lstm", "W10 LSTM T=32, batch 32, 64->128, 1 layer, train step, 1 thread"),
     "w11": ("w11_resnet50_onnx", "W11 ResNet-50 (light) from ONNX, forward, 1 thread"),
     "w12": ("w12_distributed", "W12 data-parallel MPI, 1 BLAS thread per rank"),
     "w15": ("w15_transformer", "W15 Transformer encoder layer train step, 1 and 2 threads"),
     "w16": ("w16_word2vec", "W16 word2vec step, 100,000-row tables: is_sparse vs dense vs PyTorch"),
     "w17": ("w17_wgan_gp", "W17 WGAN-GP critic step (second-order gradients), 1 and 2 threads"),
+    "w13": ("w13_resnet18", "W13 ResNet-18 (CIFAR form) train step, 1 and 2 threads"),
+    "w14": ("w14_bn_pool", "W14 batch_norm + 2x2 max-pool fwd+bwd [32, 64, 56, 56], 1, 2 threads"),
+    "scaling": ("threads_scaling", "W1/W8/W10 train steps at 1 and 2 threads (issue 29)"),
     "import": ("import_time", "import time"),
 }
 
