@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nestflow.core.device_context import array_module
+from nestflow.core.device_context import array_module, chunk_grain
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import winograd
@@ -278,7 +278,7 @@ class _ColumnsMemo:
     def _drop(self, ident: tuple[int, int]) -> tuple | None:
         entry = self._entries.pop(ident, None)
         if entry is not None:
-            self._bytes -= entry[1][1].nbytes
+            self._bytes -= _nbytes(entry[1][1])
         return entry
 
     def put(self, x: np.ndarray, out: np.ndarray, kept: tuple) -> None:
@@ -289,7 +289,7 @@ class _ColumnsMemo:
             with self._lock:
                 self._drop(ident)
 
-        size = kept[1].nbytes
+        size = _nbytes(kept[1])
         with self._lock:
             self._drop(ident)
             if size > self.limit:
@@ -308,6 +308,13 @@ class _ColumnsMemo:
             if entry is None or entry[0][0]() is not x or entry[0][1]() is not out:
                 return None
             return self._drop(ident)[1]
+
+
+def _nbytes(kept) -> int:
+    """The bytes of a kept array, or of a batch-chunked conv's list of (tag, array) pairs."""
+    if isinstance(kept, list):
+        return sum(_nbytes(part[1]) for part in kept if part is not None)
+    return kept.nbytes
 
 
 _COLUMNS = _ColumnsMemo(limit=256 << 20)
@@ -468,12 +475,17 @@ def _strided(x: np.ndarray, geo: _ConvGeometry) -> np.ndarray:
 
 
 def _conv(
-    x: np.ndarray, w: np.ndarray, geo: _ConvGeometry, finish: _Epilogue | None = None
+    x: np.ndarray,
+    w: np.ndarray,
+    geo: _ConvGeometry,
+    finish: _Epilogue | None = None,
+    first: int = 0,
 ) -> tuple[np.ndarray, tuple | None]:
     """Convolution of x [N, C, H, W] with w [M, C/g, kh, kw]: ([N, M, OH, OW], what the
     filter gradient can reuse, as (tag, array), or None), `finish` applied to the output.
     Kernels by _kernel; im2col runs one GEMM per group over all images at once, as per-image
-    GEMMs are too small on small images."""
+    GEMMs are too small on small images. x is images first.. of the op's batch (the
+    epilogue's residual rows)."""
     xp = array_module(x)
     m, cg, kh, kw = w.shape
     g = geo.groups
@@ -487,12 +499,54 @@ def _conv(
         out = xp.empty((x.shape[0], m) + out_hw, x.dtype)
         for i in range(x.shape[0]):
             xp.matmul(filters, pixels[i], out=out[i].reshape(g, m // g, -1))
-            finish.apply(out[i : i + 1], i)
+            finish.apply(out[i : i + 1], first + i)
         return out, None
     out, kept = _unfinished_conv(x, w, geo, kernel, out_hw)
     if finish is not None:
-        finish.apply(out, 0)
+        finish.apply(out, first)
     return out, kept
+
+
+# The intra-op pool splits a conv's batch into chunks of at least _CONV_CHUNK_WORK
+# multiply-adds (about 0.3 ms of single-threaded GEMM: the pool's ~50 us per call stays small
+# beside it) and _CONV_CHUNK_PIXELS output pixels (narrower GEMMs run slower, and Winograd needs
+# enough 4x4 blocks per chunk), at most _CONV_MAX_CHUNKS of them. Measured on the 2-vCPU EPYC
+# (OpenBLAS Haswell kernels), 4 chunks beat 2 and 8 at 1 and at 2 threads: W9 3x3 34.6 / 19.5
+# ms (8 chunks: 40.6 / 22.3), W13's ResNet-18 step 737 / 516 ms (8: 779 / 538; unchunked:
+# 764 / 741). The chunks depend on the shapes only, so the filter gradient's sum over chunks
+# has the same bits whatever the thread count.
+_CONV_CHUNK_WORK = 1 << 21
+_CONV_MAX_CHUNKS = 4
+_CONV_CHUNK_PIXELS = 1024
+
+
+def _conv_grain(w_shape, out_hw, batch: int) -> int:
+    """Images per chunk of a conv with filter w_shape [M, C/g, kh, kw] (batch when one)."""
+    pixels = out_hw[0] * out_hw[1]
+    most = min(_CONV_MAX_CHUNKS, batch * pixels // _CONV_CHUNK_PIXELS)
+    return chunk_grain(batch, math.prod(w_shape) * pixels, _CONV_CHUNK_WORK, most)
+
+
+def _pooled_conv(x, w, geo: _ConvGeometry, finish, out_shape, device) -> tuple:
+    """_conv over chunks of the batch on device's pool, each writing its slice of the output;
+    the kept columns are the chunks' ((\"chunks\", grain), [(tag, array), ...])."""
+    n = x.shape[0]
+    if device is None or n == 0:
+        return _conv(x, w, geo, finish)
+    grain = _conv_grain(w.shape, out_shape[2:], n)
+    out = array_module(x).empty(out_shape, x.dtype) if grain < n else None
+
+    def body(start: int, stop: int):
+        part, kept = _conv(x[start:stop], w, geo, finish, start)
+        if out is None:  # one chunk: the whole output
+            return part, kept
+        out[start:stop] = part
+        return None, kept
+
+    parts = device.parallel_for(n, body, grain)
+    if out is None:
+        return parts[0]
+    return out, (("chunks", grain), [kept for _, kept in parts])
 
 
 def _unfinished_conv(x, w, geo: _ConvGeometry, kernel: str, out_hw) -> tuple[np.ndarray, tuple]:
@@ -677,7 +731,7 @@ def _epilogue(Bias, ResidualData, out_shape, channel_last: bool, attrs: dict):
     return _Epilogue(Bias, residual, relu)
 
 
-def _conv_forward(Input, Filter, Bias, ResidualData, relu_first: bool, attrs: dict):
+def _conv_forward(Input, Filter, Bias, ResidualData, relu_first: bool, attrs: dict, device=None):
     channel_last = _check_layout(attrs["data_format"])
     x = _nchw(Input, channel_last)
     if relu_first:
@@ -685,7 +739,7 @@ def _conv_forward(Input, Filter, Bias, ResidualData, relu_first: bool, attrs: di
     geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
     out_shape = x.shape[:1] + Filter.shape[:1] + geo.out_hw(x.shape[2:], Filter.shape[2:])
     finish = _epilogue(Bias, ResidualData, out_shape, channel_last, attrs)
-    out, kept = _conv(x, Filter, geo, finish)
+    out, kept = _pooled_conv(x, Filter, geo, finish, out_shape, device)
     out = _from_nchw(out, channel_last)
     # an inference program (is_test, as Program.clone(for_test=True) sets) takes no gradient
     if kept is not None and not attrs["is_test"]:
@@ -700,7 +754,7 @@ def _unbroadcast(grad: np.ndarray, shape) -> np.ndarray:
 
 
 def _conv_backward(
-    Input, Filter, Bias, ResidualData, Output, Output_grad, relu_first, attrs, needs
+    Input, Filter, Bias, ResidualData, Output, Output_grad, relu_first, attrs, needs, device=None
 ):
     """Gradients of Input, Filter, Bias and ResidualData (None where not needed)."""
     channel_last = _check_layout(attrs["data_format"])
@@ -711,17 +765,27 @@ def _conv_backward(
         db = Output_grad.sum(axis=(0, 1, 2) if channel_last else (0, 2, 3))
     if ResidualData is not None and needs[3]:
         dres = _unbroadcast(Output_grad, ResidualData.shape)
-    dx, dw = _unfused_conv_backward(Input, Filter, Output, Output_grad, relu_first, attrs, needs)
+    dx, dw = _unfused_conv_backward(
+        Input, Filter, Output, Output_grad, relu_first, attrs, needs, device
+    )
     return dx, dw, db, dres
 
 
-def _unfused_conv_backward(Input, Filter, Output, Output_grad, relu_first, attrs, needs):
+def _unfused_conv_backward(
+    Input, Filter, Output, Output_grad, relu_first, attrs, needs, device=None
+):
     channel_last = _check_layout(attrs["data_format"])
     x = _nchw(Input, channel_last)
     grad = _nchw(Output_grad, channel_last)
     if relu_first:
         x = array_module(x).maximum(x, 0)
     geo = _conv_geometry(attrs, x.shape[2:], Filter.shape[2:])
+    n = x.shape[0]
+    grain = _conv_grain(Filter.shape, grad.shape[2:], n)
+    if device is not None and n > 0:
+        kept = _COLUMNS.take(Input, Output) if needs[1] else None
+        dx, dw = _pooled_conv_grads(x, grad, Filter, geo, relu_first, needs, grain, kept, device)
+        return (None if dx is None else _from_nchw(dx, channel_last)), dw
     # both gradients' im2col GEMMs read the gradient in one layout: rearrange it once
     kernel = _kernel(Filter.shape, geo, grad.shape[2:], x.dtype, x.shape[0])
     shared = _grouped_grad(grad, geo) if kernel == "im2col" else None
@@ -734,6 +798,41 @@ def _unfused_conv_backward(Input, Filter, Output, Output_grad, relu_first, attrs
     if needs[1]:
         kept = _COLUMNS.take(Input, Output)
         dw = _conv_filter_grad(x, grad, Filter.shape, geo, shared, kept)
+    return dx, dw
+
+
+def _pooled_conv_grads(x, grad, w, geo: _ConvGeometry, relu_first, needs, grain, kept, device):
+    """Both conv gradients over chunks of `grain` images on device's pool (NCHW): each chunk
+    writes its slice of dx and returns its partial dw, summed in chunk order."""
+    xp, n = array_module(x), x.shape[0]
+    whole = grain >= n
+    chunk_kept = kept[1] if kept is not None and kept[0] == ("chunks", grain) else None
+    dx = xp.empty(x.shape, grad.dtype) if needs[0] and not whole else None
+
+    def body(start: int, stop: int):
+        xs, gs = x[start:stop], grad[start:stop]
+        kernel = _kernel(w.shape, geo, gs.shape[2:], xs.dtype, xs.shape[0])
+        shared = _grouped_grad(gs, geo) if kernel == "im2col" else None
+        part = dw = None
+        if needs[0]:
+            part = _conv_input_grad(gs, w, xs.shape[2:], geo, shared)
+            if relu_first:
+                part = part * (xs > 0)
+            if not whole:
+                dx[start:stop] = part
+        if needs[1]:
+            own = kept if whole else None if chunk_kept is None else chunk_kept[start // grain]
+            dw = _conv_filter_grad(xs, gs, w.shape, geo, shared, own)
+        return part, dw
+
+    parts = device.parallel_for(n, body, grain)
+    if whole:
+        return parts[0]
+    dw = None
+    if needs[1]:
+        dw = parts[0][1]
+        for _, part in parts[1:]:
+            dw += part
     return dx, dw
 
 
@@ -767,14 +866,22 @@ class conv2d:
     attrs = _CONV2D_ATTRS
     infer = _infer_conv
 
-    def forward(Input, Filter, Bias=None, ResidualData=None, **attrs):
-        return _conv_forward(Input, Filter, Bias, ResidualData, False, attrs)
+    def forward(Input, Filter, Bias=None, ResidualData=None, device=None, **attrs):
+        return _conv_forward(Input, Filter, Bias, ResidualData, False, attrs, device)
 
     def backward(
-        Input, Filter, Bias, ResidualData, Output, Output_grad, needs=(True,) * 4, **attrs
+        Input,
+        Filter,
+        Bias,
+        ResidualData,
+        Output,
+        Output_grad,
+        needs=(True,) * 4,
+        device=None,
+        **attrs,
     ):
         args = (Input, Filter, Bias, ResidualData, Output, Output_grad)
-        return _conv_backward(*args, False, attrs, needs)
+        return _conv_backward(*args, False, attrs, needs, device)
 
 
 @register_op
@@ -787,15 +894,24 @@ class depthwise_conv2d:
     attrs = _CONV2D_ATTRS
     infer = _infer_conv
 
-    def forward(Input, Filter, Bias=None, ResidualData=None, **attrs):
+    def forward(Input, Filter, Bias=None, ResidualData=None, device=None, **attrs):
         relu_first = attrs["fuse_relu_before_depthwise_conv"]
-        return _conv_forward(Input, Filter, Bias, ResidualData, relu_first, attrs)
+        return _conv_forward(Input, Filter, Bias, ResidualData, relu_first, attrs, device)
 
     def backward(
-        Input, Filter, Bias, ResidualData, Output, Output_grad, needs=(True,) * 4, **attrs
+        Input,
+        Filter,
+        Bias,
+        ResidualData,
+        Output,
+        Output_grad,
+        needs=(True,) * 4,
+        device=None,
+        **attrs,
     ):
         args = (Input, Filter, Bias, ResidualData, Output, Output_grad)
-        return _conv_backward(*args, attrs["fuse_relu_before_depthwise_conv"], attrs, needs)
+        relu_first = attrs["fuse_relu_before_depthwise_conv"]
+        return _conv_backward(*args, relu_first, attrs, needs, device)
 
 
 # ---- conv2d_transpose ----
@@ -1015,24 +1131,50 @@ def _adaptive_pool_grad(x, grad, geo: _PoolGeometry, pooling_type: str) -> np.nd
     return dx
 
 
-def _pool(x: np.ndarray, geo: _PoolGeometry, pooling_type: str, exclusive: bool) -> np.ndarray:
+def _pool(x: np.ndarray, geo: _PoolGeometry, pooling_type: str, exclusive: bool, out=None):
+    """Pooled x [N, C, H, W], into `out` [N, C, OH, OW] when given."""
     if geo.adaptive:
-        return _adaptive_pool(x, geo, pooling_type)
+        pooled = _adaptive_pool(x, geo, pooling_type)
+        if out is not None:
+            out[...] = pooled
+        return pooled if out is None else out
     xp = array_module(x)
-    if pooling_type == "max":
-        padded = _padded(x, _pool_pads(x.shape[2:], geo), -np.inf)
-        out = None
-        for i, j in _pool_offsets(geo):
-            view = _window(padded, i, j, geo.strides, geo.out_hw)
-            out = view.copy() if out is None else xp.maximum(out, view, out=out)
-        return out
-    padded = _padded(x, _pool_pads(x.shape[2:], geo), 0.0)
-    out = None
-    for i, j in _pool_offsets(geo):
+    if out is None:
+        out = xp.empty(x.shape[:2] + tuple(geo.out_hw), x.dtype)
+    combine = xp.maximum if pooling_type == "max" else xp.add
+    padded = _padded(x, _pool_pads(x.shape[2:], geo), -np.inf if pooling_type == "max" else 0.0)
+    for k, (i, j) in enumerate(_pool_offsets(geo)):
         view = _window(padded, i, j, geo.strides, geo.out_hw)
-        out = view.copy() if out is None else xp.add(out, view, out=out)
-    out /= _avg_divisor(xp, x.shape[2:], geo, exclusive, x.dtype)
+        if k == 0:
+            out[...] = view
+        else:
+            combine(out, view, out=out)
+    if pooling_type != "max":
+        out /= _avg_divisor(xp, x.shape[2:], geo, exclusive, x.dtype)
     return out
+
+
+def _tiled_max_pool_grad(x, out, grad, geo: _PoolGeometry):
+    """The max pool gradient where the windows tile x exactly (stride = window, no padding,
+    nothing left over): every element is in one window, so each offset's share is written
+    once (no zeroed buffer, no sums, no crop)."""
+    xp = array_module(x)
+    n, c, h, w = x.shape
+    (kh, kw), (oh, ow) = geo.ksize, geo.out_hw
+    x6 = xp.ascontiguousarray(x).reshape(n, c, oh, kh, ow, kw)
+    dx = xp.empty((n, c, oh, kh, ow, kw), grad.dtype)
+    unclaimed = xp.ones(out.shape, bool)
+    hit = xp.empty(out.shape, bool)
+    for i, j in _pool_offsets(geo):
+        xp.equal(x6[:, :, :, i, :, j], out, out=hit)
+        hit &= unclaimed
+        unclaimed ^= hit
+        xp.multiply(grad, hit, out=dx[:, :, :, i, :, j])
+    return dx.reshape(n, c, h, w)
+
+
+# The intra-op pool splits pool2d's batch into chunks of at least this many input elements.
+_POOL_CHUNK_ELEMENTS = 1 << 17
 
 
 def _pool_grad(x, out, grad, geo: _PoolGeometry, pooling_type: str, exclusive: bool):
@@ -1041,6 +1183,10 @@ def _pool_grad(x, out, grad, geo: _PoolGeometry, pooling_type: str, exclusive: b
     xp = array_module(x)
     top, left = geo.pads[0], geo.pads[2]
     h, w = x.shape[2:]
+    tiled = geo.ksize == geo.strides and not any(geo.pads)
+    exact = tuple(geo.out_hw) == (h // geo.ksize[0], w // geo.ksize[1])
+    if pooling_type == "max" and tiled and exact and h % geo.ksize[0] == w % geo.ksize[1] == 0:
+        return _tiled_max_pool_grad(x, out, grad, geo)
     if pooling_type == "max":
         # Each window's gradient goes to its first maximum in row-major order (Fluid's rule).
         padded = _padded(x, _pool_pads(x.shape[2:], geo), -np.inf)
@@ -1093,18 +1239,38 @@ class pool2d:
     }
     infer = _infer_pool
 
-    def forward(X, **attrs):
+    def forward(X, device=None, **attrs):
         channel_last = _check_layout(attrs["data_format"])
         x = _nchw(X, channel_last)
         geo = _pool_geometry(x.shape[2:], attrs)
-        return _from_nchw(_pool(x, geo, attrs["pooling_type"], attrs["exclusive"]), channel_last)
+        kind, exclusive, n = attrs["pooling_type"], attrs["exclusive"], x.shape[0]
+        grain = chunk_grain(n, x[:1].size, _POOL_CHUNK_ELEMENTS)
+        if device is None or grain >= n:
+            return _from_nchw(_pool(x, geo, kind, exclusive), channel_last)
+        out = array_module(x).empty(x.shape[:2] + tuple(geo.out_hw), x.dtype)
 
-    def backward(X, Out, Out_grad, **attrs):
+        def body(start: int, stop: int) -> None:
+            _pool(x[start:stop], geo, kind, exclusive, out[start:stop])
+
+        device.parallel_for(n, body, grain)
+        return _from_nchw(out, channel_last)
+
+    def backward(X, Out, Out_grad, device=None, **attrs):
         channel_last = _check_layout(attrs["data_format"])
         x = _nchw(X, channel_last)
         geo = _pool_geometry(x.shape[2:], attrs)
         out, grad = _nchw(Out, channel_last), _nchw(Out_grad, channel_last)
-        dx = _pool_grad(x, out, grad, geo, attrs["pooling_type"], attrs["exclusive"])
+        kind, exclusive, n = attrs["pooling_type"], attrs["exclusive"], x.shape[0]
+        grain = chunk_grain(n, x[:1].size, _POOL_CHUNK_ELEMENTS)
+        if device is None or grain >= n:
+            return (_from_nchw(_pool_grad(x, out, grad, geo, kind, exclusive), channel_last),)
+        dx = array_module(x).empty(x.shape, grad.dtype)
+
+        def body(start: int, stop: int) -> None:
+            part = slice(start, stop)
+            dx[part] = _pool_grad(x[part], out[part], grad[part], geo, kind, exclusive)
+
+        device.parallel_for(n, body, grain)
         return (_from_nchw(dx, channel_last),)
 
 

@@ -1,0 +1,258 @@
+"""The CPU context's intra-op pool (parallel_for) and the kernels that split work across it:
+chunk order, errors, nesting, the one budget with BLAS, chunked kernels equal to the plain
+ones, and a conv net's training bit-identical at 1 and 3 threads."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import nestflow as nf
+from nestflow.core.device_context import chunk_grain
+from nestflow.ops.registry import get_op_def
+
+threadpoolctl = pytest.importorskip("threadpoolctl")
+
+
+@pytest.fixture
+def threads():
+    """Set the budget inside a test; put it (and BLAS) back afterwards."""
+    before = nf.get_num_threads()
+    with threadpoolctl.threadpool_limits(limits=None):
+        yield nf.set_num_threads
+    nf.device_context().num_threads = before
+
+
+def test_chunks_come_back_in_order_whatever_the_thread_count(threads):
+    ctx = nf.device_context(nf.CPUPlace())
+    for n in (1, 3):
+        threads(n)
+        assert ctx.parallel_for(10, lambda a, b: (a, b), 3) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+        assert ctx.parallel_for(0, lambda a, b: (a, b), 3) == []
+
+
+def test_chunks_run_on_several_threads_with_blas_at_one(threads):
+    threads(3)
+    ctx = nf.device_context(nf.CPUPlace())
+    seen, blas = set(), []
+    barrier = threading.Barrier(3, timeout=10)
+
+    def body(a, b):
+        seen.add(threading.get_ident())
+        blas.append(
+            max(
+                p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"
+            )
+        )
+        barrier.wait()  # only passes when three chunks run at once
+
+    ctx.parallel_for(3, body, 1)
+    assert len(seen) == 3 and blas == [1, 1, 1]
+    assert nf.get_num_threads() == 3  # BLAS back at the budget after the region
+    assert all(
+        p["num_threads"] == 3 for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"
+    )
+
+
+def test_nested_loops_and_errors(threads):
+    threads(2)
+    ctx = nf.device_context(nf.CPUPlace())
+    inner = ctx.parallel_for(4, lambda a, b: ctx.parallel_for(4, lambda c, d: c, 1), 2)
+    assert inner == [[0, 1, 2, 3]] * 2
+
+    def fails(a, b):
+        if a == 2:
+            raise nf.errors.ShapeError("chunk 2")
+        return a
+
+    with pytest.raises(nf.errors.ShapeError, match="chunk 2"):
+        ctx.parallel_for(4, fails, 1)
+    assert ctx.parallel_for(2, lambda a, b: a, 1) == [0, 1]  # the pool still works
+
+
+def test_device_places_run_the_plain_body():
+    ctx = nf.device_context(nf.core.StandInPlace(0))
+    assert ctx.parallel_for(7, lambda a, b: (a, b), 2) == [(0, 7)]
+
+
+def test_grain_depends_on_the_shapes_only():
+    assert chunk_grain(32, 200_000, 1 << 17) == 4
+    assert chunk_grain(32, 10, 1 << 17) == 32  # small: one chunk, the calling thread
+    assert chunk_grain(0, 10, 1) == 0
+
+
+def _conv_cases():
+    rng = np.random.default_rng(0)
+    for k, pad, stride, groups, dtype in (
+        (3, 1, 1, 1, "float64"),  # Winograd
+        (3, 1, 2, 1, "float64"),  # im2col, strided
+        (1, 0, 1, 1, "float32"),  # pointwise
+        (3, 1, 1, 4, "float64"),  # grouped im2col
+    ):
+        x = rng.standard_normal((13, 16, 12, 12)).astype(dtype)
+        w = rng.standard_normal((16, 16 // groups, k, k)).astype(dtype) / 8
+        yield x, w, {"paddings": [pad, pad], "strides": [stride, stride], "groups": groups}
+
+
+@pytest.mark.parametrize("case", list(_conv_cases()), ids=["winograd", "strided", "1x1", "grouped"])
+def test_chunked_conv_equals_the_plain_kernel(case, threads, monkeypatch):
+    from nestflow.ops import nn
+
+    monkeypatch.setattr(nn, "_CONV_CHUNK_WORK", 1)  # chunks even on these small shapes
+    monkeypatch.setattr(nn, "_CONV_CHUNK_PIXELS", 1)
+    threads(2)
+    x, w, attrs = case
+    conv = get_op_def("conv2d")
+    full = {**{n: s.default for n, s in conv.attrs.items()}, **attrs}
+    ctx = nf.device_context()
+    plain = conv.forward(x, w, **full)
+    pooled = conv.forward(x, w, device=ctx, **full)
+    tol = 1e-12 if x.dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(pooled, plain, rtol=tol, atol=tol)
+    g = np.random.default_rng(1).standard_normal(plain.shape).astype(x.dtype)
+    want = conv.backward(x, w, None, None, plain, g, **full)
+    got = conv.backward(x, w, None, None, pooled, g, device=ctx, **full)
+    for a, b in zip(got[:2], want[:2]):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())
+
+
+def test_chunked_fused_conv_applies_bias_residual_and_relu_per_image(threads, monkeypatch):
+    from nestflow.ops import nn
+
+    monkeypatch.setattr(nn, "_CONV_CHUNK_WORK", 1)
+    monkeypatch.setattr(nn, "_CONV_CHUNK_PIXELS", 1)
+    threads(2)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((9, 8, 10, 10))
+    w = rng.standard_normal((8, 8, 3, 3)) / 8
+    bias, residual = rng.standard_normal(8), rng.standard_normal((9, 8, 10, 10))
+    conv = get_op_def("conv2d")
+    attrs = {n: s.default for n, s in conv.attrs.items()}
+    attrs.update(paddings=[1, 1], fuse_residual_connection=True, fuse_relu=True)
+    plain = conv.forward(x, w, bias, residual, **attrs)
+    pooled = conv.forward(x, w, bias, residual, device=nf.device_context(), **attrs)
+    np.testing.assert_allclose(pooled, plain, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kind,ksize,stride,pad",
+    [("max", 2, 2, 0), ("max", 3, 2, 1), ("avg", 2, 2, 0), ("avg", 3, 1, 1)],
+)
+def test_chunked_pool_equals_the_plain_kernel(kind, ksize, stride, pad, threads, monkeypatch):
+    from nestflow.ops import nn
+
+    monkeypatch.setattr(nn, "_POOL_CHUNK_ELEMENTS", 1)
+    threads(2)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((7, 3, 9, 8)).round(1)  # ties: the first maximum takes the gradient
+    pool = get_op_def("pool2d")
+    attrs = {n: s.default for n, s in pool.attrs.items()}
+    attrs.update(pooling_type=kind, ksize=[ksize] * 2, strides=[stride] * 2, paddings=[pad] * 2)
+    plain = pool.forward(x, **attrs)
+    pooled = pool.forward(x, device=nf.device_context(), **attrs)
+    np.testing.assert_array_equal(pooled, plain)
+    g = rng.standard_normal(plain.shape)
+    (want,) = pool.backward(x, plain, g, **attrs)
+    (got,) = pool.backward(x, plain, g, device=nf.device_context(), **attrs)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_tiled_max_pool_gradient_equals_the_general_one():
+    from nestflow.ops import nn
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 4, 8, 6)).round(0)  # many ties
+    geo = nn._PoolGeometry((2, 2), (2, 2), (0, 0, 0, 0), (4, 3), False)
+    out = nn._pool(x, geo, "max", True)
+    g = rng.standard_normal(out.shape)
+    tiled = nn._tiled_max_pool_grad(x, out, g, geo)
+    general = nn._pool_grad(
+        x, out, g, nn._PoolGeometry((2, 2), (2, 2), (0, 0, 0, 0), (4, 3), False), "max", True
+    )
+    np.testing.assert_array_equal(tiled, general)
+    assert (tiled != 0).sum() == out.size  # one element per window takes the gradient
+
+
+@pytest.mark.parametrize(
+    "layout,shape", [("NCHW", (6, 10, 5, 7)), ("NHWC", (6, 5, 7, 10)), ("NCHW", (40, 10))]
+)
+def test_chunked_batch_norm_equals_the_plain_kernel(layout, shape, threads, monkeypatch):
+    from nestflow.ops import norm
+
+    monkeypatch.setattr(norm, "_NORM_CHUNK_ELEMENTS", 1)
+    threads(2)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(shape)
+    c = shape[1] if layout == "NCHW" else shape[-1]
+    scale, bias = rng.random(c), rng.random(c)
+    mean, var = np.zeros(c), np.ones(c)
+    bn = get_op_def("batch_norm")
+    attrs = {n: s.default for n, s in bn.attrs.items()}
+    attrs["data_layout"] = layout
+    plain = bn.forward(x, scale, bias, mean, var, None, xp=np, **attrs)
+    pooled = bn.forward(x, scale, bias, mean, var, None, xp=np, device=nf.device_context(), **attrs)
+    for a, b in zip(pooled, plain):
+        np.testing.assert_array_equal(a, b)
+    g = rng.standard_normal(shape)
+    args = (x, scale, bias, mean, var, None, plain[0], None, None, plain[3], plain[4], g)
+    want = bn.backward(*args, None, None, None, None, xp=np, **attrs)
+    got = bn.backward(*args, None, None, None, None, xp=np, device=nf.device_context(), **attrs)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def _train_conv_net(steps: int) -> list[np.ndarray]:
+    main, startup = nf.Program(), nf.Program()
+    main.random_seed = startup.random_seed = 7
+    with nf.program_guard(main, startup):
+        img = nf.data("img", [-1, 16, 16, 16])
+        label = nf.data("label", [-1, 1], dtype="int64")
+        h = nf.layers.conv2d(img, 32, 3, padding=1, act=None)
+        h = nf.layers.batch_norm(h, act="relu")
+        h = nf.layers.pool2d(h, 2, "max", 2)
+        h = nf.layers.conv2d(h, 32, 1, act="relu")
+        h = nf.layers.conv2d(h, 32, 3, stride=2, padding=1, act="relu")
+        h = nf.layers.pool2d(h, 2, "avg", 2)
+        logits = nf.layers.fc(h, 10)
+        loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, label))
+        nf.optimizer.Momentum(0.05, 0.9).minimize(loss)
+    exe, scope = nf.Executor(nf.CPUPlace()), nf.Scope()
+    exe.run(startup, scope=scope)
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        feed = {
+            "img": rng.standard_normal((32, 16, 16, 16)).astype("float32"),
+            "label": rng.integers(0, 10, (32, 1)),
+        }
+        exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
+    names = [v.name for v in main.global_block().vars.values() if v.persistable]
+    return [np.array(scope.find_var(n).get(nf.Tensor).numpy()) for n in names]
+
+
+def test_conv_net_training_is_bit_identical_at_1_and_3_threads(threads):
+    """Every conv, batch_norm and pool2d of this net splits across the pool (checked by their
+    chunk sizes), and the parameters after training agree bit for bit."""
+    threads(1)
+    one = _train_conv_net(3)
+    threads(3)
+    three = _train_conv_net(3)
+    assert len(one) == len(three) >= 10  # weights, biases, running statistics, velocities
+    for a, b in zip(one, three):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_forked_child_gets_a_pool_of_its_own(threads):
+    import multiprocessing
+
+    threads(2)
+    ctx = nf.device_context()
+    ctx.parallel_for(4, lambda a, b: a, 1)  # the parent's workers exist
+    fork = multiprocessing.get_context("fork")
+    with fork.Pool(1) as pool:
+        assert pool.apply(_chunks_in_child) == [0, 1, 2, 3]
+
+
+def _chunks_in_child():
+    return nf.device_context().parallel_for(4, lambda a, b: a, 1)
