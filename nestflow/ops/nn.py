@@ -35,7 +35,7 @@ from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import winograd
 from nestflow.ops.activation import shared_zeros
 from nestflow.ops.gemm import matmul_nt
-from nestflow.ops.registry import Required, VarInfo, fail, register_op
+from nestflow.ops.registry import Required, VarInfo, bilinear_double, fail, register_op
 
 __all__: list[str] = []
 
@@ -883,6 +883,48 @@ class conv2d:
         args = (Input, Filter, Bias, ResidualData, Output, Output_grad)
         return _conv_backward(*args, False, attrs, needs, device)
 
+    double_grad = ("Input", "Filter", "Output@GRAD")
+
+    def double_unsupported(attrs):
+        return "a conv2d with a fused relu" if _fused_relu(attrs) else None
+
+    def double_backward(
+        Input,
+        Filter,
+        Bias,
+        ResidualData,
+        Output,
+        Output_grad,
+        dInput,
+        dFilter,
+        dBias,
+        dResidualData,
+        ddInput,
+        ddFilter,
+        ddBias,
+        ddResidualData,
+        xp,
+        device,
+        needs=(True,) * 3,
+        **attrs,
+    ):
+        def product(a, b):
+            return _conv_forward(a, b, None, None, False, attrs, device)
+
+        def grads(a, b, g, wanted):
+            return _conv_backward(a, b, None, None, None, g, False, attrs, wanted + (False,) * 2)
+
+        d_input, d_filter, dd_output = bilinear_double(
+            product, grads, Input, Filter, Output_grad, ddInput, ddFilter, needs, xp
+        )
+        # Bias and ResidualData enter Output linearly: their gradients' JVPs add to dd_output.
+        if dd_output is not None and ddBias is not None:
+            channel_last = _check_layout(attrs["data_format"])
+            dd_output = dd_output + ddBias.reshape((1, 1, 1, -1) if channel_last else (1, -1, 1, 1))
+        if dd_output is not None and ddResidualData is not None:
+            dd_output = dd_output + ddResidualData
+        return d_input, d_filter, dd_output
+
 
 @register_op
 class depthwise_conv2d:
@@ -1272,6 +1314,12 @@ class pool2d:
 
         device.parallel_for(n, body, grain)
         return (_from_nchw(dx, channel_last),)
+
+    def double_unsupported(attrs):
+        return None if attrs.get("pooling_type") == "avg" else "max pooling"
+
+    def double_backward(X, Out, Out_grad, dX, ddX, device=None, **attrs):
+        return (pool2d.forward(ddX, device, **attrs),)
 
 
 # ---- lrn ----
