@@ -392,7 +392,8 @@ def test_add_optimizer_ops_builds_the_same_update_as_the_frontend():
         adams = [op for op in program.global_block().ops if op.type == "adam"]
         assert len(adams) == 2  # fc.w and fc.b
         role = {"op_role": 2}  # OpRole.OPTIMIZE: clone(for_test=True) drops it
-        assert dict(adams[0].attrs) == {"beta1": 0.9, "beta2": 0.99, "epsilon": 1e-8, **role}
+        want = {"beta1": 0.9, "beta2": 0.99, "epsilon": 1e-8, "lazy_mode": False, **role}
+        assert dict(adams[0].attrs) == want
 
 
 def test_net_builder_bad_feed_names_its_reader_and_stores_nothing():

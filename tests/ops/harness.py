@@ -263,6 +263,7 @@ def check_second_order(case: OpCase, eps: float = 1e-5) -> None:
             assert_equal_on_device(
                 value, analytic[g.name], f"{case.op_type} d2/d{g.name} on {place}"
             )
+        _checked_on_device(op.type for op in one.program.global_block().ops)
 
     def objective(feed) -> float:
         got = run(feed, firsts)

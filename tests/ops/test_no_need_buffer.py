@@ -10,6 +10,7 @@ import inspect
 import numpy as np
 import pytest
 
+from nestflow.core.dtype import is_floating
 from nestflow.errors import NestflowError
 from nestflow.ops.registry import get_op_def, place_args, register_op, registered_ops
 from tests.ops.harness import OpCase, case_id
@@ -44,7 +45,7 @@ def _stand_in(value):
         return [_stand_in(v) for v in value]
     if not isinstance(value, np.ndarray):
         return value
-    if value.dtype.kind == "f":
+    if is_floating(value.dtype):  # bfloat16 too, whose NumPy kind is "V"
         return np.full_like(value, np.nan)
     if value.dtype.kind in "iu":
         return np.full_like(value, 7)
@@ -54,7 +55,7 @@ def _stand_in(value):
 def _upstream(value, rng):
     if isinstance(value, list):
         return [_upstream(v, rng) for v in value]
-    if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+    if isinstance(value, np.ndarray) and is_floating(value.dtype):
         return rng.standard_normal(value.shape).astype(value.dtype)
     return None
 
