@@ -1215,6 +1215,33 @@ def _tiled_max_pool_grad(x, out, grad, geo: _PoolGeometry):
     return dx.reshape(n, c, h, w)
 
 
+def _max_pool_pick(x, out, dd, geo: _PoolGeometry):
+    """`dd` read where max pooling's gradient routes (each window's first maximum, row-major,
+    as _pool_grad): the gradient op is that routing, linear in Out's gradient, so the
+    gradient of <dX, dd> with respect to Out's gradient is this pick."""
+    xp = array_module(x)
+    n, c, h, w = x.shape
+    picked = xp.zeros(out.shape, dd.dtype)
+    if geo.adaptive:
+        rows, chans = xp.indices((n, c))
+        for a, (h0, h1) in enumerate(_adaptive_bounds(h, geo.out_hw[0])):
+            for b, (w0, w1) in enumerate(_adaptive_bounds(w, geo.out_hw[1])):
+                first = x[:, :, h0:h1, w0:w1].reshape(n, c, (h1 - h0) * (w1 - w0)).argmax(axis=-1)
+                picked[:, :, a, b] = dd[
+                    rows, chans, h0 + first // (w1 - w0), w0 + first % (w1 - w0)
+                ]
+        return picked
+    pads = _pool_pads(x.shape[2:], geo)
+    padded, dd_padded = _padded(x, pads, -np.inf), _padded(dd, pads)
+    unclaimed = xp.ones(out.shape, bool)
+    for i, j in _pool_offsets(geo):
+        hit = _window(padded, i, j, geo.strides, geo.out_hw) == out
+        hit &= unclaimed
+        unclaimed &= ~hit
+        picked += xp.where(hit, _window(dd_padded, i, j, geo.strides, geo.out_hw), 0)
+    return picked
+
+
 # The intra-op pool splits pool2d's batch into chunks of at least this many input elements.
 _POOL_CHUNK_ELEMENTS = 1 << 17
 
@@ -1315,11 +1342,15 @@ class pool2d:
         device.parallel_for(n, body, grain)
         return (_from_nchw(dx, channel_last),)
 
-    def double_unsupported(attrs):
-        return None if attrs.get("pooling_type") == "avg" else "max pooling"
-
-    def double_backward(X, Out, Out_grad, dX, ddX, device=None, **attrs):
-        return (pool2d.forward(ddX, device, **attrs),)
+    def double_backward(X, Out, Out_grad, dX, ddX, xp, device=None, **attrs):
+        if ddX is None:
+            return (xp.zeros_like(Out_grad),)
+        if attrs["pooling_type"] == "avg":
+            return (pool2d.forward(ddX, device, **attrs),)
+        channel_last = _check_layout(attrs["data_format"])
+        x, out, dd = (_nchw(v, channel_last) for v in (X, Out, ddX))
+        geo = _pool_geometry(x.shape[2:], attrs)
+        return (_from_nchw(_max_pool_pick(x, out, dd, geo), channel_last),)
 
 
 # ---- lrn ----

@@ -214,6 +214,83 @@ class batch_norm:
             x_grad = x_grad.astype(dtype, copy=False)
         return x_grad, scale_grad, bias_grad
 
+    double_grad = ("X", "Scale", "Y@GRAD")
+
+    def double_backward(
+        X,
+        Scale,
+        Bias,
+        Mean,
+        Variance,
+        MomentumTensor,
+        Y,
+        MeanOut,
+        VarianceOut,
+        SavedMean,
+        SavedVariance,
+        Y_grad,
+        MeanOut_grad,
+        VarianceOut_grad,
+        SavedMean_grad,
+        SavedVariance_grad,
+        dX,
+        dScale,
+        dBias,
+        ddX,
+        ddScale,
+        ddBias,
+        needs=(True,) * 3,
+        *,
+        xp,
+        **attrs,
+    ):
+        dtype, X, Y_grad = X.dtype, _wide(X), _wide(Y_grad)
+        ddX = None if ddX is None else _wide(ddX)
+        c_axis = _channel_axis(X.ndim, attrs["data_layout"])
+        axes, shape = _per_channel(X.ndim, c_axis)
+        running = _uses_running_stats(
+            attrs["is_test"], attrs["use_global_stats"], attrs["trainable_statistics"]
+        )
+        count = X.size // max(X.shape[c_axis], 1)
+        if not running and count <= 1:  # Y = X was copied through: dX = dY
+            d_x = xp.zeros_like(X) if needs[0] else None
+            d_scale = xp.zeros_like(Scale) if needs[1] else None
+            d_dy = None
+            if needs[2]:
+                d_dy = xp.zeros_like(Y_grad) if ddX is None else ddX.astype(dtype, copy=False)
+            return d_x, d_scale, d_dy
+        epsilon = X.dtype.type(attrs["epsilon"])
+        if running:
+            mean, inv_std = Mean, 1.0 / xp.sqrt(Variance + epsilon)
+        elif SavedMean is not None and SavedVariance is not None:
+            mean, inv_std = SavedMean, SavedVariance
+        else:
+            mean = X.mean(axis=axes)
+            inv_std = 1.0 / xp.sqrt(
+                xp.mean(xp.square(X - mean.reshape(shape)), axis=axes) + epsilon
+            )
+        inv_std = inv_std.reshape(shape)
+        x_hat = (X - mean.reshape(shape)) * inv_std
+        d_x, d_scale, d_dy = _normalized_double(
+            x_hat,
+            inv_std,
+            Y_grad,
+            Scale.reshape(shape),
+            ddX,
+            None if ddScale is None else ddScale.reshape(shape),
+            None if ddBias is None else ddBias.reshape(shape),
+            lambda t: t.mean(axis=axes, keepdims=True),
+            lambda t: t.sum(axis=axes),
+            running,
+            needs,
+            xp,
+        )
+        if d_x is not None:
+            d_x = d_x.astype(dtype, copy=False)
+        if d_dy is not None:
+            d_dy = d_dy.astype(dtype, copy=False)
+        return d_x, d_scale, d_dy
+
 
 # The intra-op pool splits batch_norm over channels in chunks of at least this many elements.
 _NORM_CHUNK_ELEMENTS = 1 << 17
@@ -283,6 +360,51 @@ def _normalized_grads(X, Y_grad, Scale, mean, inv_std, c_axis, running, wants_x,
     x_grad -= x_hat
     x_grad *= gain
     return x_grad, scale_grad, bias_grad
+
+
+def _normalized_double(
+    x_hat, inv_std, dy, a, dd_x, dd_a, dd_b, group_mean, reduce, fixed, needs, xp
+):
+    """The second order shared by batch_norm and layer_norm, Y = a * x_hat + b with
+    x_hat = (x - mean) * inv_std over groups: the gradients of <dX, dd_x> + <dA, dd_a> +
+    <dB, dd_b> with respect to x, a and dY (None where `needs` says no one takes them).
+
+    Arrays come broadcastable against x (a, dd_a, dd_b, inv_std too; a None is 1);
+    group_mean(t) is t's mean over each group, kept broadcastable; reduce(t) sums t to a's
+    vector. With `fixed`
+    statistics (inference) x_hat is affine in x, so its Jacobian is inv_std alone. Otherwise
+    J v = inv_std * (v - mean(v) - x_hat * mean(x_hat v)) (symmetric), and the gradient of
+    <g, J v> with respect to x is -inv_std^2 * (x_hat * (mean(g_c v) - 3 mean(x_hat v)
+    mean(x_hat g)) + mean(x_hat g) * v_c + mean(x_hat v) * g_c), centred g_c, v_c."""
+
+    def jacobian(v):
+        if fixed:
+            return inv_std * v
+        return inv_std * (v - group_mean(v) - x_hat * group_mean(x_hat * v))
+
+    j_dd_x = jacobian(dd_x) if dd_x is not None else None
+    d_x = d_a = d_dy = None
+    if needs[0]:
+        d_x = xp.zeros_like(x_hat)
+        if dd_a is not None:  # dA = reduce(dY * x_hat): <dY * dd_a, x_hat> through x_hat
+            d_x = d_x + jacobian(dy * dd_a)
+        if dd_x is not None and not fixed:
+            g = dy if a is None else a * dy
+            v_c, g_c = dd_x - group_mean(dd_x), g - group_mean(g)
+            hv, hg = group_mean(x_hat * dd_x), group_mean(x_hat * g)
+            cross = group_mean(g_c * dd_x)
+            d_x = d_x - inv_std * inv_std * (x_hat * (cross - 3.0 * hv * hg) + hg * v_c + hv * g_c)
+    if needs[1]:
+        d_a = reduce(dy * j_dd_x if j_dd_x is not None else xp.zeros_like(dy))
+    if needs[2]:  # the JVP of the forward
+        d_dy = xp.zeros_like(dy)
+        if j_dd_x is not None:
+            d_dy = d_dy + (j_dd_x if a is None else a * j_dd_x)
+        if dd_a is not None:
+            d_dy = d_dy + x_hat * dd_a
+        if dd_b is not None:
+            d_dy = d_dy + dd_b
+    return d_x, d_a, d_dy
 
 
 # ---- layer_norm ----
@@ -372,6 +494,60 @@ class layer_norm:
             )
             x_grad = x_grad.reshape(X.shape).astype(dtype, copy=False)
         return x_grad, scale_grad, bias_grad
+
+    double_grad = ("X", "Scale", "Y@GRAD")
+
+    def double_backward(
+        X,
+        Scale,
+        Bias,
+        Y,
+        Mean,
+        Variance,
+        Y_grad,
+        Mean_grad,
+        Variance_grad,
+        dX,
+        dScale,
+        dBias,
+        ddX,
+        ddScale,
+        ddBias,
+        epsilon,
+        begin_norm_axis,
+        is_test,
+        use_mkldnn,
+        needs=(True,) * 3,
+        *,
+        xp,
+    ):
+        dtype, X, Y_grad = X.dtype, _wide(X), _wide(Y_grad)
+        rows, width = _rows_and_width(X.shape, begin_norm_axis)
+        x = X.reshape(rows, width)
+        if Mean is None or Variance is None:
+            Mean = x.mean(axis=1)
+            Variance = xp.mean(xp.square(x - Mean[:, None]), axis=1)
+        inv_std = (1.0 / xp.sqrt(Variance + X.dtype.type(epsilon)))[:, None]
+        x_hat = (x - Mean[:, None]) * inv_std
+        d_x, d_scale, d_dy = _normalized_double(
+            x_hat,
+            inv_std,
+            Y_grad.reshape(rows, width),
+            Scale,
+            None if ddX is None else _wide(ddX).reshape(rows, width),
+            ddScale if Scale is not None else None,
+            ddBias if Bias is not None else None,
+            lambda t: t.mean(axis=1, keepdims=True),
+            lambda t: t.sum(axis=0),
+            False,
+            (needs[0], needs[1] and Scale is not None, needs[2]),
+            xp,
+        )
+        if d_x is not None:
+            d_x = d_x.reshape(X.shape).astype(dtype, copy=False)
+        if d_dy is not None:
+            d_dy = d_dy.reshape(X.shape).astype(dtype, copy=False)
+        return d_x, d_scale, d_dy
 
 
 # ---- group_norm, instance_norm ----

@@ -48,6 +48,121 @@ def _avg_pool(x, k):
     return x[:, :, : h // k * k, : w // k * k].reshape(n, c, h // k, k, w // k, k).mean((3, 5))
 
 
+def _max_pool(x, k, s, p=(0, 0, 0, 0), ceil_mode=False):
+    """Max pooling of NCHW x by windows k every s, paddings [top, bottom, left, right]."""
+    n, c, h, w = x.shape
+    out_hw = []
+    for d, size in enumerate((h, w)):
+        span = size + p[2 * d] + p[2 * d + 1] - k[d] + (s[d] - 1 if ceil_mode else 0)
+        out_hw.append(span // s[d] + 1)
+    padded = np.full((n, c, h + p[0] + p[1] + s[0], w + p[2] + p[3] + s[1]), -np.inf)
+    padded[:, :, p[0] : p[0] + h, p[2] : p[2] + w] = x
+    out = np.empty((n, c, *out_hw))
+    for i in range(out_hw[0]):
+        for j in range(out_hw[1]):
+            window = padded[:, :, i * s[0] : i * s[0] + k[0], j * s[1] : j * s[1] + k[1]]
+            out[:, :, i, j] = window.max(axis=(2, 3))
+    return out
+
+
+def _max_pool_case(x, id, channel_last=False, **attrs):
+    k, s = attrs["ksize"], attrs.get("strides", [1, 1])
+    k = list(x.shape[2:]) if attrs.get("global_pooling") else k
+    pads = attrs.get("paddings", [0, 0])
+    pads = pads if len(pads) == 4 else [pads[0], pads[0], pads[1], pads[1]]
+
+    def reference(X, **a):
+        nchw = X.transpose(0, 3, 1, 2) if channel_last else X
+        out = _max_pool(nchw, k, s, pads, a.get("ceil_mode", False))
+        return {"Out": out.transpose(0, 2, 3, 1) if channel_last else out}
+
+    layout = {"data_format": "NHWC"} if channel_last else {}
+    return OpCase(
+        "pool2d",
+        {"X": x},
+        reference,
+        {"pooling_type": "max", **attrs, **layout},
+        grad=("X",),
+        grad2=True,
+        id=f"pool2d-max-{id}",
+    )
+
+
+def _adaptive_max_pool(X, ksize, **a):
+    n, c, h, w = X.shape
+    out = np.empty((n, c, *ksize))
+    for i in range(ksize[0]):
+        for j in range(ksize[1]):
+            h0, h1 = i * h // ksize[0], -(-(i + 1) * h // ksize[0])
+            w0, w1 = j * w // ksize[1], -(-(j + 1) * w // ksize[1])
+            out[:, :, i, j] = X[:, :, h0:h1, w0:w1].max(axis=(2, 3))
+    return {"Out": out}
+
+
+def _bn(X, Scale, Bias, Mean, Variance, epsilon=1e-5, data_layout="NCHW", is_test=False, **a):
+    """batch_norm's Y (training: the batch's statistics; is_test: the running ones), and in
+    training the saved statistics."""
+    x = X if data_layout == "NCHW" else np.moveaxis(X, -1, 1)
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    mean, var = (Mean, Variance) if is_test else (x.mean(axis=axes), x.var(axis=axes))
+    y = (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + epsilon)
+    y = y * Scale.reshape(shape) + Bias.reshape(shape)
+    y = y if data_layout == "NCHW" else np.moveaxis(y, 1, -1)
+    if is_test or x.size == x.shape[1]:
+        return {"Y": x if x.size == x.shape[1] and not is_test else y}
+    return {"Y": y, "SavedMean": mean, "SavedVariance": 1 / np.sqrt(var + epsilon)}
+
+
+def _bn_case(shape, id, layout="NCHW", y_only=False, **attrs):
+    c = shape[1] if layout == "NCHW" else shape[-1]
+
+    def reference(**a):
+        got = _bn(**a)
+        return {"Y": got["Y"]} if y_only else got
+
+    return OpCase(
+        "batch_norm",
+        {
+            "X": r(*shape) * 2 + 0.5,
+            "Scale": r(c),
+            "Bias": r(c),
+            "Mean": r(c),
+            "Variance": r(c, low=0.5, high=1.5),
+        },
+        reference,
+        {"data_layout": layout, **attrs},
+        grad=("X", "Scale", "Bias"),
+        grad_outputs=("Y",),
+        grad2=True,
+        id=f"batch_norm-{id}",
+    )
+
+
+def _ln(X, Scale=None, Bias=None, epsilon=1e-5, begin_norm_axis=1, **a):
+    x = X.reshape(int(np.prod(X.shape[:begin_norm_axis])), -1)
+    y = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + epsilon)
+    y = y * (1.0 if Scale is None else Scale) + (0.0 if Bias is None else Bias)
+    return {"Y": y.reshape(X.shape)}
+
+
+def _ln_case(shape, axis, id, scale=True, bias=True):
+    width = int(np.prod(shape[axis:]))
+    inputs = {"X": r(*shape) * 3 - 1}
+    inputs.update({"Scale": r(width)} if scale else {})
+    inputs.update({"Bias": r(width)} if bias else {})
+    return OpCase(
+        "layer_norm",
+        inputs,
+        _ln,
+        {"begin_norm_axis": axis},
+        grad=tuple(inputs),
+        grad_outputs=("Y",),
+        grad2=True,
+        id=f"layer_norm-{id}",
+    )
+
+
 def _gelu(X, approximate=False):
     if approximate:
         return 0.5 * X * (1 + np.tanh(np.sqrt(2 / np.pi) * (X + 0.044715 * X**3)))
@@ -233,6 +348,40 @@ CASES = [
         grad2=True,
         id="pool2d-avg",
     ),
+    _max_pool_case(r(2, 3, 4, 6), "tiled", ksize=[2, 2], strides=[2, 2]),
+    _max_pool_case(
+        r(1, 2, 5, 5), "overlapping-padded", ksize=[3, 3], strides=[1, 1], paddings=[1, 1]
+    ),
+    _max_pool_case(r(2, 1, 5, 7), "odd-ceil", ksize=[2, 3], strides=[2, 2], ceil_mode=True),
+    _max_pool_case(r(1, 1, 1, 1), "size1", ksize=[1, 1]),
+    _max_pool_case(r(2, 3, 3, 2), "nhwc", channel_last=True, ksize=[2, 2], strides=[1, 1]),
+    _max_pool_case(r(2, 2, 3, 5), "global", ksize=[1, 1], global_pooling=True),
+    OpCase(
+        "pool2d",
+        {"X": r(1, 2, 5, 7)},
+        _adaptive_max_pool,
+        {"pooling_type": "max", "ksize": [2, 3], "adaptive": True},
+        grad=("X",),
+        grad2=True,
+        id="pool2d-max-adaptive",
+    ),
+    # normalisation
+    _bn_case((4, 3), "2d"),
+    _bn_case((2, 3, 3, 5), "nchw"),
+    _bn_case((3, 2, 3, 1), "nhwc-odd", layout="NHWC"),
+    _bn_case((1, 5, 1, 3), "batch1-odd"),
+    _bn_case((2, 1, 1, 1), "one_channel-size1"),
+    _bn_case((3, 2, 2), "recomputed_statistics", y_only=True),
+    _bn_case((1, 3), "one_value_per_channel_copies_x"),
+    _bn_case((2, 3, 2, 3), "is_test", is_test=True),
+    _bn_case((2, 3, 2, 2), "momentum-eps_1e-3", momentum=0.5, epsilon=1e-3),
+    _ln_case((3, 5), 1, "2d"),
+    _ln_case((2, 3, 4), 2, "3d-axis2"),
+    _ln_case((1, 7), 1, "batch1-odd"),
+    _ln_case((3, 1), 1, "width1"),
+    _ln_case((2, 3, 3), 1, "no_scale", scale=False),
+    _ln_case((3, 4), 1, "no_bias", bias=False),
+    _ln_case((2, 5), 1, "no_affine", scale=False, bias=False),
 ]
 
 
