@@ -104,6 +104,7 @@ class Executor:
             )
         self.place = place if place is not None else default_place()
         self.device = device_context(self.place)
+        self._on_device = self.place.is_device
         self._check_nan_inf = check_nan_inf
         keep_freed_memory()
 
@@ -166,18 +167,19 @@ class Executor:
         plan = prepared.block_plan
         block = program.global_block()
 
-        checking = self.check_nan_inf if check_nan_inf is None else check_nan_inf
+        checking = self._check_nan_inf if check_nan_inf is None else check_nan_inf
+        if checking is None:
+            checking = FLAGS["check_nan_inf"]
         # Each level of nested sub-blocks recurses: room for the program's deepest chain.
         deep = hold_stack_room(prepared.nesting, "the program")
         local = scope.new_scope() if prepared.needs_local_scope else scope
         try:
-            frame = Frame(plan, local, self)
-            frame.check_nan_inf = checking  # this run's choice; sub-block frames inherit it
+            frame = Frame(plan, local, self, None, None, checking)  # sub-blocks inherit it
             env = frame.env
             fed_only = self._bind_feeds(prepared, block, env, feed) if feed else None
             if checking and feed:
                 _check_feeds_finite(feed, plan, env, fed_only)
-            if feed and self.place.is_device:
+            if feed and self._on_device:
                 self._move_feeds(plan, env, feed)
             if prepared.persistable_reads:
                 self._bind_persistables(prepared, scope, env, feed)
@@ -190,12 +192,13 @@ class Executor:
                         value = self._moved(scope, name, value)
                     env[plan.slot_of[name]] = value
             keep = frozenset(fetch_names)
-            with self.device.activate():
-                if program.random_seed:
-                    with program_generator(program):
-                        frame.run(keep=keep)
-                else:
-                    frame.run(keep=keep)
+            if self._on_device:  # the host needs no device made current
+                with self.device.activate():
+                    _run_frame(frame, program, keep)
+            elif program.random_seed:
+                _run_frame(frame, program, keep)
+            else:  # the common case, called directly: this is the per-run cost (W5)
+                frame.run(keep=keep)
             results = [self._fetch(frame, local, name, fed_only) for name in fetch_names]
             for slot, name in prepared.persistable_writes:
                 value = env[slot]
@@ -622,6 +625,14 @@ def _lookup(frame: Frame, parent: Frame, name: str, outer: dict | None = None) -
             outer[name] = value
         return value
     return value if value is not None else parent.lookup(name)
+
+
+def _run_frame(frame: Frame, program: Program, keep: frozenset[str]) -> None:
+    if program.random_seed:
+        with program_generator(program):
+            frame.run(keep=keep)
+    else:
+        frame.run(keep=keep)
 
 
 def _scope_value(scope: Scope | None, name: str) -> Any:

@@ -99,14 +99,22 @@ class Frame:
     __slots__ = ("plan", "env", "scope", "executor", "parent", "check_nan_inf")
 
     def __init__(
-        self, plan: BlockPlan, scope, executor, parent: Frame | None = None, env: list | None = None
+        self,
+        plan: BlockPlan,
+        scope,
+        executor,
+        parent: Frame | None = None,
+        env: list | None = None,
+        check_nan_inf: bool | None = None,
     ):
         self.plan = plan
         self.env = [None] * len(plan.names) if env is None else env
         self.scope = scope
         self.executor = executor
         self.parent = parent
-        if parent is not None:
+        if check_nan_inf is not None:  # the run's own choice (Executor.run)
+            self.check_nan_inf = check_nan_inf
+        elif parent is not None:
             self.check_nan_inf = parent.check_nan_inf
         else:
             self.check_nan_inf = executor.check_nan_inf if executor is not None else False
