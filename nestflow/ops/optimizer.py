@@ -206,9 +206,10 @@ def _lazy_adam(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, 
     correction1 = 1.0 - _value(Beta1Pow, xp)
     correction2 = 1.0 - _value(Beta2Pow, xp)
     step = _scalar(_value(LearningRate, xp) / correction1, dtype, xp)
-    m = Moment1[rows] * _scalar(beta1, dtype, xp)
+    # take: a row gather several times faster than fancy indexing on NumPy
+    m = xp.take(Moment1, rows, axis=0) * _scalar(beta1, dtype, xp)
     m += g * _scalar(1.0 - beta1, dtype, xp)
-    v = Moment2[rows] * _scalar(beta2, dtype, xp)
+    v = xp.take(Moment2, rows, axis=0) * _scalar(beta2, dtype, xp)
     scratch = g * g
     scratch *= _scalar(1.0 - beta2, dtype, xp)
     v += scratch
@@ -219,7 +220,7 @@ def _lazy_adam(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, 
     update *= step
     param = _rows_in_place(Param, xp)
     moment1, moment2 = _rows_in_place(Moment1, xp), _rows_in_place(Moment2, xp)
-    param[rows] = param[rows] - update
+    param[rows] = xp.take(param, rows, axis=0) - update
     moment1[rows] = m
     moment2[rows] = v
     return (
