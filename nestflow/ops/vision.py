@@ -497,18 +497,9 @@ _INTERP_ATTRS = {
 }
 
 
-@register_op
-class bilinear_interp:
-    """Out = X [N, C, H, W] resized to [out_h, out_w] (or by `scale`, out = int(in * scale))
-    by bilinear interpolation, as Fluid 1.8: align_corners (default) maps the corner pixels
-    onto each other (src = k * (in - 1) / (out - 1)); otherwise align_mode 0 takes half-pixel
-    centres (src = (k + 0.5) * in / out - 0.5, PyTorch's align_corners=False) and align_mode 1
-    src = k * in / out. data_layout "NHWC" for channel-last data."""
-
-    inputs, outputs = ("X",), ("Out",)
-    attrs = {**_INTERP_ATTRS, "interp_method": "bilinear"}
-    grad_no_need_buffer = ("X",)
-    infer = _infer_interp("bilinear_interp")
+def _interp_kernels(method: str):
+    """The kernels of the 2-D resize op of `method`: forward and backward over the shared
+    interpolation (out_d belongs to the 3-D form, interp_method is the op's own)."""
 
     def forward(
         X, out_d, out_h, out_w, scale, align_corners, align_mode, data_layout, interp_method, xp
@@ -521,7 +512,7 @@ class bilinear_interp:
             align_mode=align_mode,
             data_layout=data_layout,
         )
-        return _interp_forward("bilinear", X, attrs, xp)
+        return _interp_forward(method, X, attrs, xp)
 
     def backward(
         X,
@@ -545,7 +536,25 @@ class bilinear_interp:
             align_mode=align_mode,
             data_layout=data_layout,
         )
-        return _interp_backward("bilinear", X, Out_grad, attrs, xp)
+        return _interp_backward(method, X, Out_grad, attrs, xp)
+
+    return forward, backward
+
+
+@register_op
+class bilinear_interp:
+    """Out = X [N, C, H, W] resized to [out_h, out_w] (or by `scale`, out = int(in * scale))
+    by bilinear interpolation, as Fluid 1.8: align_corners (default) maps the corner pixels
+    onto each other (src = k * (in - 1) / (out - 1)); otherwise align_mode 0 takes half-pixel
+    centres (src = (k + 0.5) * in / out - 0.5, PyTorch's align_corners=False) and align_mode 1
+    src = k * in / out. data_layout "NHWC" for channel-last data."""
+
+    inputs, outputs = ("X",), ("Out",)
+    attrs = {**_INTERP_ATTRS, "interp_method": "bilinear"}
+    grad_no_need_buffer = ("X",)
+    infer = _infer_interp("bilinear_interp")
+
+    forward, backward = _interp_kernels("bilinear")
 
 
 @register_op
@@ -560,42 +569,7 @@ class nearest_interp:
     grad_no_need_buffer = ("X",)
     infer = _infer_interp("nearest_interp")
 
-    def forward(
-        X, out_d, out_h, out_w, scale, align_corners, align_mode, data_layout, interp_method, xp
-    ):
-        attrs = dict(
-            out_h=out_h,
-            out_w=out_w,
-            scale=scale,
-            align_corners=align_corners,
-            align_mode=align_mode,
-            data_layout=data_layout,
-        )
-        return _interp_forward("nearest", X, attrs, xp)
-
-    def backward(
-        X,
-        Out,
-        Out_grad,
-        out_d,
-        out_h,
-        out_w,
-        scale,
-        align_corners,
-        align_mode,
-        data_layout,
-        interp_method,
-        xp,
-    ):
-        attrs = dict(
-            out_h=out_h,
-            out_w=out_w,
-            scale=scale,
-            align_corners=align_corners,
-            align_mode=align_mode,
-            data_layout=data_layout,
-        )
-        return _interp_backward("nearest", X, Out_grad, attrs, xp)
+    forward, backward = _interp_kernels("nearest")
 
 
 # ---- pixel_shuffle ----
