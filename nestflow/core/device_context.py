@@ -13,7 +13,6 @@ import contextlib
 import itertools
 import os
 import threading
-import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
@@ -307,7 +306,8 @@ class CUDADeviceContext(DeviceContext):
         super().__init__(place, cupy)
         self.device = cupy.cuda.Device(place.device_id)
         self.memory_pool = cupy.get_default_memory_pool()
-        self._generators: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # host generator's id -> (the host generator, kept so its id stays its own; CuPy's)
+        self._generators: dict[int, tuple[np.random.Generator, Any]] = {}
 
     @property
     def stream(self):
@@ -336,11 +336,20 @@ class CUDADeviceContext(DeviceContext):
         cupyx.scatter_add(target, indices, values)
 
     def random(self, host_generator: np.random.Generator) -> Any:
-        made = self._generators.get(host_generator)
-        if made is None:
+        # NumPy's Generator takes no weak reference: remembered by id, holding it. An op with
+        # its own seed makes a fresh host generator per run (the same draws each time, as on
+        # the CPU), so the memory is bounded.
+        known = self._generators.get(id(host_generator))
+        if known is None or known[0] is not host_generator:
+            if len(self._generators) >= _GENERATORS_KEPT:
+                self._generators.clear()
             seed = int(host_generator.integers(2**63))
-            made = self._generators[host_generator] = self.xp.random.default_rng(seed)
-        return made
+            known = (host_generator, self.xp.random.default_rng(seed))
+            self._generators[id(host_generator)] = known
+        return known[1]
+
+
+_GENERATORS_KEPT = 64
 
 
 def array_module(*arrays: Any) -> ModuleType:

@@ -315,3 +315,31 @@ def test_programs_run_on_a_cuda_gpu():
     """On a machine with a GPU, CUDAPlace(0) is among the device places every test of this
     file and of the op harness runs on; here it says so when there is none."""
     assert nf.CUDAPlace(0) in DEVICE_PLACES
+
+
+def test_cuda_random_draws_come_from_one_cupy_generator_per_host_generator():
+    """CUDADeviceContext.random (checked without a GPU through a stand-in for cupy.random):
+    a run's host generator gets one CuPy generator, seeded from it, kept while it lives; a
+    fresh host generator with the same seed (an op's own seed) gets the same seed again."""
+    from types import SimpleNamespace
+
+    from nestflow.core.device_context import CUDADeviceContext
+
+    made = []
+
+    def default_rng(seed):
+        made.append(seed)
+        return np.random.default_rng(seed)
+
+    ctx = object.__new__(CUDADeviceContext)  # no CuPy here: only random() is exercised
+    ctx.xp = SimpleNamespace(random=SimpleNamespace(default_rng=default_rng))
+    ctx._generators = {}
+    run_generator = np.random.default_rng(5)
+    first = ctx.random(run_generator)
+    assert ctx.random(run_generator) is first and len(made) == 1
+    ctx.random(np.random.default_rng(9))
+    ctx.random(np.random.default_rng(9))
+    assert made[1] == made[2] != made[0]
+    for seed in range(100):  # op seeds make a host generator per call: the memory is bounded
+        ctx.random(np.random.default_rng(seed))
+    assert len(ctx._generators) <= 64
