@@ -66,6 +66,20 @@ class DeviceContext:
         """target[indices] += values, repeated indices adding up (NumPy's `add.at`)."""
         self.xp.add.at(target, indices, values)
 
+    def scatter_at(self, target: Any, indices: Any, values: Any, ufunc: str) -> None:
+        """target[indices] = ufunc(target[indices], values) for `ufunc` one of add, multiply,
+        maximum, minimum, repeated indices combining in their order (NumPy's `<ufunc>.at`).
+
+        >>> target, ctx = np.ones(3), nf.device_context(nf.CPUPlace())
+        >>> ctx.scatter_at(target, [0, 0, 2], [2.0, 3.0, 4.0], "multiply")
+        >>> target.tolist()
+        [6.0, 1.0, 4.0]
+        """
+        if ufunc == "add":
+            self.scatter_add(target, indices, values)
+        else:
+            getattr(self.xp, ufunc).at(target, indices, values)
+
     def random(self, host_generator: np.random.Generator) -> Any:
         """A generator drawing arrays on this place (`uniform`, `normal`, `random`,
         `integers`, `standard_normal`), made from the run's host generator."""
@@ -331,9 +345,17 @@ class CUDADeviceContext(DeviceContext):
         self.device.synchronize()
 
     def scatter_add(self, target: Any, indices: Any, values: Any) -> None:
-        import cupyx
+        self.scatter_at(target, indices, values, "add")
 
-        cupyx.scatter_add(target, indices, values)
+    def scatter_at(self, target: Any, indices: Any, values: Any, ufunc: str) -> None:
+        # CuPy's atomics (cupyx.scatter_add/max/min, the ufuncs' `at`) cover a few dtypes and
+        # no multiply: the rest combines the repeats round by round
+        if target.dtype in _CUPY_ATOMIC_DTYPES.get(ufunc, ()):
+            import cupyx
+
+            getattr(cupyx, _CUPY_SCATTER[ufunc])(target, indices, values)
+        else:
+            scatter_in_rounds(self.xp, target, indices, values, ufunc)
 
     def random(self, host_generator: np.random.Generator) -> Any:
         # NumPy's Generator takes no weak reference: remembered by id, holding it. An op with
@@ -344,12 +366,60 @@ class CUDADeviceContext(DeviceContext):
             if len(self._generators) >= _GENERATORS_KEPT:
                 self._generators.clear()
             seed = int(host_generator.integers(2**63))
-            known = (host_generator, self.xp.random.default_rng(seed))
+            known = (host_generator, _CuPyGenerator(self.xp.random.default_rng(seed)))
             self._generators[id(host_generator)] = known
         return known[1]
 
 
 _GENERATORS_KEPT = 64
+
+# the target dtypes CuPy's scatter kernels take (those of CuPy 14.0, a subset of later ones')
+_CUPY_SCATTER = {"add": "scatter_add", "maximum": "scatter_max", "minimum": "scatter_min"}
+_CUPY_ATOMIC_DTYPES = {
+    "add": frozenset(map(np.dtype, ("int32", "uint32", "uint64", "float16", "float32", "float64"))),
+    "maximum": frozenset(map(np.dtype, ("int32", "uint32", "uint64", "float32", "float64"))),
+    "minimum": frozenset(map(np.dtype, ("int32", "uint32", "uint64", "float32", "float64"))),
+}
+
+
+class _CuPyGenerator:
+    """CuPy's Generator with NumPy's `normal`, which it lacks (it has `standard_normal`)."""
+
+    def __init__(self, generator: Any):
+        self._generator = generator
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._generator, name)
+
+    def normal(self, loc: Any = 0.0, scale: Any = 1.0, size: Any = None) -> Any:
+        return loc + scale * self._generator.standard_normal(size)
+
+
+def scatter_in_rounds(xp: ModuleType, target: Any, indices: Any, values: Any, ufunc: str) -> None:
+    """NumPy's `<ufunc>.at(target, indices, values)` with plain array operations of `xp`: each
+    round combines the earliest remaining update of every element it touches, so repeated
+    indices combine in their order, as NumPy's do (the same bits). One round per repeat of the
+    most repeated element; each reads its sizes on the host. For CuPy, whose `at` lacks
+    multiply and most dtypes.
+
+    >>> target = np.ones(3)
+    >>> scatter_in_rounds(np, target, np.array([0, 0, 2]), np.array([2.0, 3.0, 4.0]), "multiply")
+    >>> target.tolist()
+    [6.0, 1.0, 4.0]
+    """
+    combine = getattr(xp, ufunc)
+    flat = xp.ascontiguousarray(target).reshape(-1)  # target itself when it is contiguous
+    picked = xp.arange(target.size).reshape(target.shape)[indices]  # the elements updated
+    values = xp.broadcast_to(xp.asarray(values, dtype=target.dtype), picked.shape).reshape(-1)
+    where = picked.reshape(-1)
+    while where.size:
+        touched, first = xp.unique(where, return_index=True)
+        flat[touched] = combine(flat[touched], values[first])
+        rest = xp.ones(where.shape, dtype=bool)
+        rest[first] = False
+        where, values = where[rest], values[rest]
+    if not target.flags.c_contiguous:  # flat is a copy
+        target[...] = flat.reshape(target.shape)
 
 
 def array_module(*arrays: Any) -> ModuleType:

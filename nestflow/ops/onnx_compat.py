@@ -838,7 +838,8 @@ class onnx_gather_elements:
         return (grad,)
 
 
-# reduction -> the ufunc whose `at` combines repeated indices (add: the place's scatter_add)
+# reduction -> the ufunc whose `at` combines repeated indices (the place's scatter_at: CuPy's
+# `at` lacks multiply)
 _REDUCTIONS = {"none": None, "add": "add", "mul": "multiply", "max": "maximum", "min": "minimum"}
 
 
@@ -848,10 +849,8 @@ def _scatter(X, index: tuple, Updates, reduction: str, device: DeviceContext):
     out = X.copy()
     if reduction == "none":
         out[index] = Updates
-    elif reduction == "add":
-        device.scatter_add(out, index, Updates)
     else:
-        getattr(device.xp, _REDUCTIONS[reduction]).at(out, index, Updates)
+        device.scatter_at(out, index, Updates, _REDUCTIONS[reduction])
     return out
 
 

@@ -343,3 +343,110 @@ def test_cuda_random_draws_come_from_one_cupy_generator_per_host_generator():
     for seed in range(100):  # op seeds make a host generator per call: the memory is bounded
         ctx.random(np.random.default_rng(seed))
     assert len(ctx._generators) <= 64
+
+
+def test_cuda_normal_draws_come_from_cupys_standard_normal():
+    """CuPy's Generator has no `normal` (only `standard_normal`, `random`, `uniform`,
+    `integers`...): CUDADeviceContext.random adds it (checked through a stand-in generator
+    that has CuPy's methods only)."""
+    from types import SimpleNamespace
+
+    from nestflow.core.device_context import CUDADeviceContext
+
+    class CuPyLikeGenerator:  # the draws nestflow's kernels use that cupy.random.Generator has
+        def __init__(self, seed):
+            self._host = np.random.default_rng(seed)
+            self.random, self.uniform = self._host.random, self._host.uniform
+            self.standard_normal = self._host.standard_normal
+
+    ctx = object.__new__(CUDADeviceContext)
+    ctx.xp = SimpleNamespace(random=SimpleNamespace(default_rng=CuPyLikeGenerator))
+    ctx._generators = {}
+    draws = ctx.random(np.random.default_rng(3))
+    got = draws.normal(2.0, 0.5, size=(4, 3))
+    seed = int(np.random.default_rng(3).integers(2**63))
+    np.testing.assert_array_equal(
+        got, 2.0 + 0.5 * np.random.default_rng(seed).standard_normal((4, 3))
+    )
+    assert draws.uniform(0, 1, size=2).shape == (2,) and draws.random((2, 2)).shape == (2, 2)
+
+
+@pytest.mark.parametrize("ufunc", ["add", "multiply", "maximum", "minimum"])
+@pytest.mark.parametrize("dtype", ["float64", "float16", "int8", "int64"])
+def test_scatter_in_rounds_is_numpys_at(ufunc, dtype):
+    """The CUDA scatter for what CuPy's atomics lack (multiply, and dtypes such as int8,
+    float16, int64): the same values as NumPy's `<ufunc>.at`, repeats combined in order, for
+    row indices, element indices (a tuple) and a non-contiguous target, on NumPy and on the
+    stand-in device's module."""
+    from nestflow.core import standin
+    from nestflow.core.device_context import scatter_in_rounds
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(1, 4, (5, 3)).astype(dtype)
+    rows = rng.integers(0, 5, 12)
+    row_values = rng.integers(1, 3, (12, 3)).astype(dtype)
+    cells = (rng.integers(0, 5, (4, 2)), rng.integers(0, 3, (1, 2)))
+    cell_values = rng.integers(1, 3, (4, 2)).astype(dtype)
+    cases = [
+        (base, rows, row_values),
+        (base, cells, cell_values),
+        (base.T, rows[:6] % 3, row_values[:6, :1].T.reshape(6, 1)),
+    ]
+    for target, index, values in cases:
+        want = target.copy()
+        getattr(np, ufunc).at(want, index, values)
+        got = target.copy(order="K")
+        scatter_in_rounds(np, got, index, values, ufunc)
+        np.testing.assert_array_equal(got, want)
+        wrap = standin.StandInArray
+        on_device = wrap(target.copy())
+        device_index = tuple(wrap(i) for i in index) if type(index) is tuple else wrap(index)
+        scatter_in_rounds(standin.xp, on_device, device_index, wrap(values), ufunc)
+        np.testing.assert_array_equal(on_device.get(), want)
+
+
+def test_cuda_scatter_uses_cupys_kernels_where_they_exist(monkeypatch):
+    """CUDADeviceContext.scatter_at: cupyx.scatter_add/max/min for the dtypes CuPy's atomics
+    take, the rounds for multiply and the rest (checked through a stand-in cupyx)."""
+    import sys
+    from types import SimpleNamespace
+
+    from nestflow.core.device_context import CUDADeviceContext
+
+    calls = []
+
+    def kernel(name):
+        def scatter(target, index, values):
+            calls.append(name)
+            getattr(np, {"add": "add", "max": "maximum", "min": "minimum"}[name]).at(
+                target, index, values
+            )
+
+        return scatter
+
+    monkeypatch.setitem(
+        sys.modules,
+        "cupyx",
+        SimpleNamespace(**{f"scatter_{n}": kernel(n) for n in ("add", "max", "min")}),
+    )
+    ctx = object.__new__(CUDADeviceContext)
+    ctx.xp = np
+    index, values = np.array([0, 2, 0]), np.array([3, 4, 5])
+    for ufunc, dtype, used in [
+        ("add", "float32", ["add"]),
+        ("maximum", "float64", ["max"]),
+        ("minimum", "int32", ["min"]),
+        ("multiply", "float32", []),
+        ("add", "int8", []),
+        ("maximum", "float16", []),
+    ]:
+        calls.clear()
+        target, want = np.ones(3, dtype), np.ones(3, dtype)
+        ctx.scatter_at(target, index, values.astype(dtype), ufunc)
+        getattr(np, ufunc).at(want, index, values.astype(dtype))
+        np.testing.assert_array_equal(target, want)
+        assert calls == used, (ufunc, dtype)
+    calls.clear()
+    target = np.zeros(3, "float32")
+    ctx.scatter_add(target, index, values.astype("float32"))
+    assert calls == ["add"] and target.tolist() == [8.0, 0.0, 4.0]
