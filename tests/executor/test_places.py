@@ -450,3 +450,17 @@ def test_cuda_scatter_uses_cupys_kernels_where_they_exist(monkeypatch):
     target = np.zeros(3, "float32")
     ctx.scatter_add(target, index, values.astype("float32"))
     assert calls == ["add"] and target.tolist() == [8.0, 0.0, 4.0]
+
+
+def test_the_harness_compares_random_draws_on_cuda_by_shape_only():
+    """On CUDA random ops draw from CuPy's generator (not bit-equal to the CPU's): the op
+    harness compares their shapes and dtypes there, everything else exactly."""
+    from tests.ops.harness import draws_on_the_device
+
+    assert draws_on_the_device("uniform_random", {"shape": [2]})
+    assert draws_on_the_device("dropout", {"dropout_prob": 0.5})
+    assert not draws_on_the_device("dropout", {"dropout_prob": 0.5, "is_test": True})
+    assert not draws_on_the_device("dropout", {"dropout_prob": 0.0})
+    assert not draws_on_the_device("scaled_dot_product_attention", {})
+    assert draws_on_the_device("scaled_dot_product_attention", {"dropout_rate": 0.1})
+    assert not draws_on_the_device("relu", {})
