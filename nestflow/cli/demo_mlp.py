@@ -216,6 +216,28 @@ def verdict(
     return 0
 
 
+def reloads_identically(
+    out: str | None,
+    prefix: str,
+    feeds: list[str],
+    targets: list,
+    program: nf.Program,
+    scope: nf.Scope,
+    predict: Callable[..., np.ndarray],
+    trained: np.ndarray,
+) -> bool:
+    """The demos' last check: save the inference model of `targets` (fed by `feeds`) under
+    `out` (a temporary directory named `prefix`... when None), load it back, predict with
+    `predict(program, feed_names, fetch_names, scope)`, and say whether that equals `trained`
+    bit for bit (dtype included)."""
+    with output_directory(out, prefix) as path:
+        nf.io.save_inference_model(path, feeds, targets, program, scope)
+        loaded, loaded_feeds, fetches, loaded_scope = nf.io.load_inference_model(path)
+        reloaded = predict(loaded, loaded_feeds, fetches, loaded_scope)
+        print(saved_message(out, path))
+    return reloaded.dtype == trained.dtype and np.array_equal(reloaded, trained)
+
+
 def saved_message(out: str | None, path: str) -> str:
     if out:
         return f"saved inference model to {path} (show it: nestflow show {path})"

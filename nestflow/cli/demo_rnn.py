@@ -27,7 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 
 import nestflow as nf
-from nestflow.cli.demo_mlp import output_directory, progress_logger, saved_message, verdict
+from nestflow.cli.demo_mlp import (
+    progress_logger,
+    reloads_identically,
+    verdict,
+)
 from nestflow.core.threads import threads_summary
 
 HIDDEN = 16
@@ -177,12 +181,16 @@ def run(args: argparse.Namespace) -> int:
     test_accuracy = float((trained.argmax(axis=1) == test_data.labels.ravel()).mean())
     print(f"test accuracy: {test_accuracy:.2%}")
 
-    with output_directory(getattr(args, "out", None), "nestflow-rnn-") as out:
-        nf.io.save_inference_model(out, ["x", "lengths"], [model.probabilities], model.main, scope)
-        program, feeds, fetches, loaded_scope = nf.io.load_inference_model(out)
-        reloaded = predict(exe, program, feeds, fetches, loaded_scope, test_data)
-        print(saved_message(getattr(args, "out", None), out))
-    identical = reloaded.dtype == trained.dtype and np.array_equal(reloaded, trained)
+    identical = reloads_identically(
+        getattr(args, "out", None),
+        "nestflow-rnn-",
+        ["x", "lengths"],
+        [model.probabilities],
+        model.main,
+        scope,
+        lambda *loaded: predict(exe, *loaded, test_data),
+        trained,
+    )
     return verdict(identical, test_accuracy, min_accuracy, started)
 
 

@@ -30,7 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 
 import nestflow as nf
-from nestflow.cli.demo_mlp import output_directory, saved_message, train_epochs, verdict
+from nestflow.cli.demo_mlp import (
+    reloads_identically,
+    train_epochs,
+    verdict,
+)
 from nestflow.core.threads import threads_summary
 
 VOCAB, TOKEN_A, TOKEN_B = 20, 1, 2
@@ -181,14 +185,16 @@ def run(args: argparse.Namespace) -> int:
         f"{FAR_APART} tokens apart: {float(right[apart].mean()):.2%}"
     )
 
-    with output_directory(getattr(args, "out", None), "nestflow-sentiment-") as out:
-        nf.io.save_inference_model(
-            out, ["ids", "lengths"], [model.probabilities], model.main, scope
-        )
-        program, feeds, fetches, loaded_scope = nf.io.load_inference_model(out)
-        reloaded = predict(program, feeds, fetches, loaded_scope, test_data)
-        print(saved_message(getattr(args, "out", None), out))
-    identical = reloaded.dtype == trained.dtype and np.array_equal(reloaded, trained)
+    identical = reloads_identically(
+        getattr(args, "out", None),
+        "nestflow-sentiment-",
+        ["ids", "lengths"],
+        [model.probabilities],
+        model.main,
+        scope,
+        lambda *loaded: predict(*loaded, test_data),
+        trained,
+    )
     return verdict(identical, test_accuracy, min_accuracy, started)
 
 

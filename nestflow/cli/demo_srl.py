@@ -30,7 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 
 import nestflow as nf
-from nestflow.cli.demo_mlp import output_directory, saved_message, train_epochs, verdict
+from nestflow.cli.demo_mlp import (
+    reloads_identically,
+    train_epochs,
+    verdict,
+)
 from nestflow.core.threads import threads_summary
 
 VOCAB = 40
@@ -218,12 +222,16 @@ def run(args: argparse.Namespace) -> int:
     precision, recall, f1 = chunk_f1(trained, test_data)
     print(f"test chunk precision {precision:.4f}, recall {recall:.4f}, F1: {f1:.4f}")
 
-    with output_directory(getattr(args, "out", None), "nestflow-srl-") as out:
-        nf.io.save_inference_model(out, feeds, [model.path], model.main, scope)
-        program, loaded_feeds, fetches, loaded_scope = nf.io.load_inference_model(out)
-        reloaded = decode(program, loaded_feeds, fetches, loaded_scope, test_data)
-        print(saved_message(getattr(args, "out", None), out))
-    identical = reloaded.dtype == trained.dtype and np.array_equal(reloaded, trained)
+    identical = reloads_identically(
+        getattr(args, "out", None),
+        "nestflow-srl-",
+        feeds,
+        [model.path],
+        model.main,
+        scope,
+        lambda *loaded: decode(*loaded, test_data),
+        trained,
+    )
     return verdict(identical, f1, min_accuracy, started, reloaded="paths", measure="test F1")
 
 
