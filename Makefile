@@ -52,7 +52,7 @@ bench: $(BENCH_DEPS)
 # W1/W3/W8/W10 against PyTorch CUDA; one report file, gpu_check.md (or $OUT/gpu_check.md).
 GPU_PY ?= python3
 gpu-check:
-	PYTHONPATH=.:bench $(GPU_PY) bench/gpu_check.py --report $${OUT:-.}/gpu_check.md
+	PYTHONPATH=.:bench$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) bench/gpu_check.py --report $${OUT:-.}/gpu_check.md
 
 # ONNX's node test cases through onnx.backend.test.BackendTest; prints run/passed/excluded.
 onnx-node-tests: $(TEST_DEPS)

@@ -4,13 +4,13 @@ time, for minutes), writing every figure to one report file.
 1. every op's forward and gradient on CUDAPlace against CPUPlace: the op harness and the
    device-program tests (tests/ops, tests/executor/test_places.py) with CUDA as the device
    place (float64 to 1e-10, float32 to 1e-5), with the count of op types checked;
-2. the digits MLP, conv, RNN and sentiment demos trained on the GPU, against their CPU accuracies;
+2. the digits MLP, conv, RNN, sentiment and translation demos trained on the GPU, against their CPU accuracies;
 3. a model trained and saved on the GPU, loaded on the CPU: parameters bit for bit, predictions;
-4. W1/W3/W8/W10 train steps against PyTorch CUDA eager in the same process (median of
+4. W1/W3/W8/W9/W10 train steps against PyTorch CUDA eager in the same process (median of
    interleaved rounds), and W1's peak GPU memory next to PyTorch's.
 
-Sections 1 and 2 run in child processes while this one waits (the GPU is idle for section 4's
-timings, which run last). It needs CuPy and PyTorch CUDA, which the GPU machines hold, and
+Sections 1 and 2 run in child processes while this one waits; sections 3 and 4 run after them,
+so the timings have the GPU to themselves. It needs CuPy and PyTorch CUDA, which the GPU machines hold, and
 installs nothing. `--place standin --torch-device cpu` rehearses the whole script on a machine
 without a GPU (the stand-in device; PyTorch on the CPU).
 
@@ -33,9 +33,9 @@ from statistics import median
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMOS = {"mlp": 0.97, "conv": 0.985, "rnn": 0.95, "sentiment": 0.95}
-OPS_TIMEOUT_S = 330
-DEMO_TIMEOUT_S = 240
+DEMOS = {"mlp": 0.97, "conv": 0.985, "rnn": 0.95, "sentiment": 0.95, "translate": 0.90}
+OPS_TIMEOUT_S = 270
+DEMO_TIMEOUT_S = 270
 
 
 def main() -> int:
@@ -47,7 +47,9 @@ def main() -> int:
     parser.add_argument("--skip-ops", action="store_true")
     args = parser.parse_args()
     started = time.perf_counter()
+    global REPORT_DIR
     report = Report(Path(args.report))
+    REPORT_DIR = report.path.parent
     report.section("Environment")
     try:
         import nestflow as nf
@@ -62,10 +64,6 @@ def main() -> int:
     children = {} if args.skip_ops else {"ops": start_op_checks(args.place)}
     for name in DEMOS:
         children[f"demo {name}"] = start_demo(name, args.place)
-    report.section("A model saved on the GPU, loaded on the CPU")
-    report.guarded(round_trip, nf, place)
-    report.section(f"Train steps against PyTorch ({args.torch_device}), median ms per step")
-    benchmarks = report.guarded(bench_rows, nf, place, args.torch_device, args.rounds)
     report.section("Every op on the device against CPUPlace")
     if "ops" in children:
         report.line(finish_op_checks(children.pop("ops")))
@@ -74,6 +72,13 @@ def main() -> int:
     report.section("Demos trained on the device (held-out accuracy; CPU target)")
     for name, (process, log) in children.items():
         report.line(finish_demo(name.removeprefix("demo "), process, log))
+    # the timings run last, on a GPU no child process is using
+    report.section("A model saved on the GPU, loaded on the CPU")
+    report.guarded(round_trip, nf, place)
+    report.section(f"Train steps against PyTorch ({args.torch_device}), median ms per step")
+    benchmarks = report.guarded(bench_rows, nf, place, args.torch_device, args.rounds)
+    report.section("Where the device time goes: nf.profiler('GPU'), 10 steps each, top op types")
+    report.guarded(op_profiles, nf, place)
     report.section("Summary")
     if benchmarks:
         report.line(benchmarks)
@@ -141,13 +146,13 @@ def start_op_checks(place_name: str):
         os.environ,
         NESTFLOW_TEST_DEVICES="standin" if place_name.startswith("standin") else "cuda",
         NESTFLOW_DEVICE_CHECKED_LOG=str(log),
-        PYTHONPATH=str(ROOT),
+        PYTHONPATH=_python_path(),
     )
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     try:
         import xdist  # noqa: F401  (the GPU machines hold pytest-xdist)
 
-        command += ["-n", "6"]
+        command += ["-n", "8"]
     except ImportError:
         pass
     command += ["tests/ops", "tests/optimizer/test_update_ops.py", "tests/executor/test_places.py"]
@@ -163,6 +168,7 @@ def finish_op_checks(child) -> str:
     except subprocess.TimeoutExpired:
         process.kill()
     output = log.with_suffix(".out").read_text()
+    (REPORT_DIR / "gpu_ops_pytest.txt").write_text(output)
     checked = set(log.read_text().split()) if log.exists() else set()
     from nestflow.ops.registry import registered_ops
 
@@ -189,7 +195,7 @@ def start_demo(name: str, place_name: str):
     command = [sys.executable, "-m", "nestflow", "demo", "--model", name, "--place", place_name]
     command += ["--no-progress"]
     out = open(log, "w")  # noqa: SIM115  (read back in finish_demo)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=_python_path())
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     return process, log
 
@@ -201,13 +207,20 @@ def finish_demo(name: str, process, log: Path) -> str:
         process.kill()
         code = "killed at the time limit"
     output = log.read_text()
-    found = re.findall(r"test accuracy: ([\d.]+)%", output)
+    (REPORT_DIR / f"gpu_demo_{name}.txt").write_text(output)
+    found = re.findall(r"(?:test accuracy|exact match, beam search[^:]*): ([\d.]+)%", output)
     accuracy = f"{found[0]}%" if found else "no accuracy printed"
     tail = "" if code == 0 else "\n  " + "\n  ".join(output.splitlines()[-8:])
     return f"- {name}: {accuracy} (CPU target {DEMOS[name]:.1%}; exit {code}){tail}"
 
 
+def _python_path() -> str:
+    """The repository first, then what the caller had (packages carried to the GPU machine)."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 _START = time.perf_counter()
+REPORT_DIR = Path(".")  # where the report and the child processes' logs go (set by main)
 
 
 def _elapsed() -> float:
@@ -257,6 +270,36 @@ def round_trip(nf, place) -> str:
 # ---- 4. benchmarks ----
 
 
+def op_profiles(nf, place) -> str:
+    """Each W-step's op types by total time, each op waiting for its device work (the profiler's
+    "GPU" state), to show which kernels the fused and cuBLAS versions must replace."""
+    import contextlib
+    import io
+
+    import w1_mlp
+    import w8_lenet
+    import w9_conv
+    import w10_lstm
+
+    steps = {
+        "W1": w1_mlp.make_nestflow_step(*w1_mlp.batch(), place)[0],
+        "W8": w8_lenet.make_nestflow_step(*w8_lenet.batch(), place)[0],
+        "W9": w9_conv.make_nestflow(*w9_conv.data(3), 1, place=place, return_numpy=False),
+        "W10": w10_lstm.make_nestflow_step(w10_lstm.batch(), place)[0],
+    }
+    blocks = []
+    for name, step in steps.items():
+        for _ in range(3):
+            step()
+        with contextlib.redirect_stdout(io.StringIO()):
+            with nf.profiler.profiler("GPU") as profile:
+                for _ in range(10):
+                    step()
+        lines = profile.table("total").splitlines()
+        blocks.append(f"{name}:\n```\n" + "\n".join(lines[:16]) + "\n```")
+    return "\n".join(blocks)
+
+
 def bench_rows(nf, place, torch_device: str, rounds: int) -> str:
     import torch
     import w1_mlp
@@ -293,6 +336,9 @@ def bench_rows(nf, place, torch_device: str, rounds: int) -> str:
             rounds,
         )
     )
+    rows.append(
+        _timed("W9 3x3 conv 64->64 fwd+bwd", _w9_steps(nf, place, torch, torch_device), rounds)
+    )
     xs10 = w10_lstm.batch()
     nf_w10, params10 = w10_lstm.make_nestflow_step(xs10, place)
     rows.append(
@@ -311,6 +357,29 @@ def bench_rows(nf, place, torch_device: str, rounds: int) -> str:
         )
     )
     return "\n".join(rows)
+
+
+def _w9_steps(nf, place, torch, torch_device) -> dict:
+    """W9's conv fwd+bwd (batch 32, 64 channels, 28x28, 3x3, pad 1); each step waits for its
+    device work, and neither side copies its results to the host."""
+    import w9_conv
+
+    x, w, upstream = w9_conv.data(3)
+    ours = w9_conv.make_nestflow(x, w, upstream, 1, place=place, return_numpy=False)
+    theirs = w9_conv.make_torch(x, w, upstream, 1, torch, device=torch_device)
+    on_gpu = torch_device == "cuda"
+
+    def nestflow_step():
+        ours()
+        nf.cuda.synchronize() if place.is_device and on_gpu else None
+        return 0.0
+
+    def torch_step():
+        theirs()
+        torch.cuda.synchronize() if on_gpu else None
+        return 0.0
+
+    return {"nestflow": nestflow_step, "torch": torch_step}
 
 
 def _timed(title: str, steps: dict, rounds: int) -> str:

@@ -32,7 +32,9 @@ def data(k: int, seed: int = 0):
     return x, w, upstream
 
 
-def make_nestflow(x, w, upstream, padding: int) -> Callable[[], list]:
+def make_nestflow(
+    x, w, upstream, padding: int, place=None, return_numpy: bool = True
+) -> Callable[[], list]:
     import nestflow as nf
 
     main, startup = nf.Program(), nf.Program()
@@ -44,17 +46,23 @@ def make_nestflow(x, w, upstream, padding: int) -> Callable[[], list]:
         )
         filt = main.global_block().var("conv.w")
         dx, dw = nf.gradients([out], [xv, filt], target_gradients=[seed])
-    exe, scope = nf.Executor(), nf.Scope()
+    exe, scope = nf.Executor(place or nf.CPUPlace()), nf.Scope()
     exe.run(startup, scope=scope)
     scope.find_var("conv.w").get(nf.Tensor).set(w.copy())
     feed = {"x": x, "seed": upstream}
-    return lambda: exe.run(main, feed=feed, fetch_list=[out, dx, dw], scope=scope)
+    if place is not None and place.is_device:  # fed once, as a GPU user keeps data there
+        device = nf.device_context(place)
+        feed = {name: device.to_device(value) for name, value in feed.items()}
+    fetches = [out, dx, dw]
+    return lambda: exe.run(
+        main, feed=feed, fetch_list=fetches, scope=scope, return_numpy=return_numpy
+    )
 
 
-def make_torch(x, w, upstream, padding: int, torch) -> Callable[[], list]:
-    tx = torch.from_numpy(x).requires_grad_()
-    tw = torch.from_numpy(w.copy()).requires_grad_()
-    tg = torch.from_numpy(upstream)
+def make_torch(x, w, upstream, padding: int, torch, device="cpu") -> Callable[[], list]:
+    tx = torch.from_numpy(x).to(device).requires_grad_()
+    tw = torch.from_numpy(w.copy()).to(device).requires_grad_()
+    tg = torch.from_numpy(upstream).to(device)
     conv2d = torch.nn.functional.conv2d
 
     def step():

@@ -12,8 +12,9 @@ a Chrome trace JSON is written (one complete event per op run, nested under the 
 that ran it), for chrome://tracing or https://ui.perfetto.dev.
 
 Departures from Fluid 1.8 (`profiler(state, sorted_key=None, profile_path='/tmp/profile')`):
-`state` defaults to "CPU" and "GPU"/"All" time the same host-side op runs (nestflow runs on the
-CPU); `sorted_key` defaults to "total"; `profile_path` defaults to None (no file) and names a
+`state` defaults to "CPU", which times each op's host side (on a device place: its kernel
+launches); "GPU" and "All" also wait for each op's device work before reading the clock, so on a
+device place an op's time includes its kernels (on the CPU the three are the same); `sorted_key` defaults to "total"; `profile_path` defaults to None (no file) and names a
 Chrome trace JSON, not Fluid's protobuf profile.
 """
 
@@ -76,6 +77,17 @@ class Profile:
         while parent is not None:
             depth, parent = depth + 1, parent.parent
         append, tid, clock = self.events.append, threading.get_ident(), perf_counter_ns
+        device = frame.plan.device
+        if self.state != "CPU" and device.place.is_device:
+            # a device runs its kernels after their launch returns: "GPU" and "All" wait for
+            # each op's device work, so an op's time is its launches plus its kernels
+            wait = device.synchronize
+
+            def record_on_device(index: int, start: int) -> None:
+                wait()
+                append((ops[index].type, start, clock(), block, index, depth, tid))
+
+            return record_on_device
 
         def record(index: int, start: int) -> None:
             append((ops[index].type, start, clock(), block, index, depth, tid))
@@ -213,7 +225,8 @@ def profiler(
     table sorted by `sorted_key` ("calls", "total", "max", "min", "ave", descending; None: first
     run order) and, with `profile_path`, write a Chrome trace JSON there. Yields the Profile.
 
-    state: "CPU" (Fluid's "GPU" and "All" are accepted and time the same runs). A bad state or
+    state: "CPU" (host time: on a device, the launches), "GPU" or "All" (on a device place, each
+    op's time waits for its device work; the same as "CPU" on the CPU). A bad state or
     sorted_key -> AttrError (before anything runs); a profiler already running -> NestflowError.
 
     >>> import nestflow as nf

@@ -249,3 +249,27 @@ def test_start_stop_and_reset(capsys):
     assert _table_counts(capsys.readouterr().out) == _expected(
         nf.default_main_program().global_block(), {}
     )
+
+
+@pytest.mark.parametrize("state,waits", [("CPU", False), ("GPU", True), ("All", True)])
+def test_gpu_state_waits_for_each_ops_device_work(state, waits, monkeypatch, capsys):
+    """On a device place, "GPU" and "All" synchronize after every op, so each op's time holds
+    its kernels, not only their launches; "CPU" (and any state on the CPU) never waits."""
+    from nestflow.core import StandInPlace
+
+    place = StandInPlace(0)
+    device = nf.device_context(place)
+    waited = []
+    monkeypatch.setattr(device, "synchronize", lambda: waited.append(1), raising=False)
+    x = nf.data("x", shape=[-1, 3])
+    y = L.relu(L.scale(x, 2.0))
+    feed = {"x": np.ones((2, 3), "float32")}
+    with nf.profiler.profiler(state) as profile:
+        nf.Executor(place).run(feed=feed, fetch_list=[y])
+    ops = len(profile.events)
+    assert ops == 2
+    assert len(waited) == (ops if waits else 0)
+    waited.clear()
+    with nf.profiler.profiler(state):
+        nf.Executor(nf.CPUPlace()).run(feed=feed, fetch_list=[y])
+    assert not waited

@@ -12,7 +12,7 @@ import nestflow as nf
 from nestflow.core import StandInPlace
 from nestflow.core.standin import StandInArray
 from nestflow.errors import FeedError, PlaceError
-from tests.ops.harness import DEVICE_PLACES, draws_on_the_device
+from tests.ops.harness import DEVICE_PLACES, assert_equal_on_device, draws_on_the_device
 
 L = nf.layers
 
@@ -50,13 +50,13 @@ def _assert_same(build, feeds, place):
             if draws:
                 assert g.shape == w.shape and np.isfinite(g).all(), f"run {step} #{i}"
             else:
-                np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=f"run {step} #{i}")
+                assert_equal_on_device(g, w, f"run {step} #{i} on {place}")
     assert cpu_params.keys() == dev_params.keys()
     for name, want in cpu_params.items():
         if draws:
             assert dev_params[name].shape == want.shape, name
         else:
-            np.testing.assert_allclose(dev_params[name], want, rtol=1e-6, atol=1e-7, err_msg=name)
+            assert_equal_on_device(dev_params[name], want, f"{name} on {place}")
     return scope
 
 
