@@ -313,6 +313,9 @@ def bench_rows(nf, place, torch_device: str, rounds: int) -> str:
     w1_steps, memory = _w1_with_peak_memory(place, torch, torch_device, w1_mlp, xs, ys)
     rows.append(_timed("W1 MLP 784-512-512-10 train step", w1_steps, rounds))
     rows.append(memory)
+    graph_step = w1_mlp.make_nestflow_step(xs, ys, place, cuda_graph=True)[0]
+    w1_graph = {"nestflow": graph_step, "torch": w1_steps["torch"]}
+    rows.append(_timed("W1 train step, nestflow replayed as a CUDA graph", w1_graph, rounds))
     xs3, wx, wh = w3_rnn.data()
     rows.append(
         _timed(

@@ -41,9 +41,12 @@ def initial_params(seed: int = 0) -> Params:
     return params
 
 
-def make_nestflow_step(xs, ys, place=None) -> tuple[Callable[[], float], Params]:
+def make_nestflow_step(
+    xs, ys, place=None, cuda_graph: bool = False
+) -> tuple[Callable[[], float], Params]:
     """The nestflow train step and its initial parameters (raises if nestflow can't train);
-    on `place` (default CPUPlace)."""
+    on `place` (default CPUPlace), the batch fed from the device there (as the PyTorch step
+    keeps it), with `cuda_graph` replays on CUDAPlace."""
     import nestflow as nf
 
     main, startup = nf.Program(), nf.Program()
@@ -55,13 +58,16 @@ def make_nestflow_step(xs, ys, place=None) -> tuple[Callable[[], float], Params]
         logits = nf.layers.fc(h, SIZES[3], name="fc3")
         loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, y))
         nf.optimizer.SGD(learning_rate=LR).minimize(loss)
-    exe = nf.Executor(place or nf.CPUPlace())
+    exe = nf.Executor(place or nf.CPUPlace(), cuda_graph=cuda_graph)
     scope = nf.Scope()
     exe.run(startup, scope=scope)
     params = {
         name: np.array(scope.find_var(name).get(nf.Tensor).numpy()) for name in initial_params()
     }
     feed = {"x": xs, "y": ys}
+    if place is not None and place.is_device:
+        device = nf.device_context(place)
+        feed = {name: device.to_device(value) for name, value in feed.items()}
 
     def step() -> float:
         (value,) = exe.run(main, feed=feed, fetch_list=[loss], scope=scope)

@@ -33,6 +33,7 @@ from nestflow.core import (
 )
 from nestflow.core.threads import get_num_threads, set_num_threads
 from nestflow.executor import (
+    ExecutionStrategy,
     Executor,
     Net,
     PlainNet,
@@ -116,6 +117,7 @@ __all__ = [
     "CPUPlace",
     "CUDAPlace",
     "DeviceContext",
+    "ExecutionStrategy",
     "Executor",
     "InputSpec",
     "Model",

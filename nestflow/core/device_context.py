@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from nestflow.core.place import CPUPlace, CUDAPlace, Place, StandInPlace
-from nestflow.errors import PlaceError
+from nestflow.errors import ExecutionError, PlaceError
 
 
 class DeviceContext:
@@ -40,6 +40,8 @@ class DeviceContext:
     def __init__(self, place: Place, xp: ModuleType):
         self.place = place
         self.xp = xp
+        # (device flag, message) of the checks `check` left for the end of the run
+        self._pending_checks: list[tuple[Any, Callable[[], str]]] = []
 
     def owns(self, array: Any) -> bool:
         """Whether `array` is an array of this place."""
@@ -58,6 +60,42 @@ class DeviceContext:
         """A context in which this place's device is the current one (for the length of a
         run)."""
         return contextlib.nullcontext()
+
+    # whether ops' fused CUDA kernels (`forward_cuda`, `backward_cuda`) run on this place
+    runs_cuda_kernels = False
+    # whether `check` reads its flag at once (the host) or after the run (a device)
+    defers_checks = False
+
+    def check(self, failed: Any, message: Callable[[], str]) -> None:
+        """Raise ExecutionError(message()) if the 0-d bool array `failed` holds True (a bad
+        input only the values show, such as a class id out of range). On the host at once; on
+        a device the flag stays there and the executor reads every check's flag in one
+        transfer when the run's ops are queued (`raise_failed_checks`), so checking costs a
+        kernel no wait for the device, and a block stays capturable as a CUDA graph; the run's
+        persistables are written after that read, so a failed run still changes none."""
+        if not self.defers_checks:
+            if bool(failed):
+                raise ExecutionError(message())
+            return
+        self._pending_checks.append((failed, message))
+
+    def raise_failed_checks(self) -> None:
+        """Read the flags of the checks left by `check` (one transfer) and raise the first
+        failed one's ExecutionError; forget them either way."""
+        pending, self._pending_checks = self._pending_checks, []
+        if not pending:
+            return
+        flags = self.to_host(self.xp.stack([flag.reshape(()) for flag, _ in pending]))
+        for flag, (_, message) in zip(flags.tolist(), pending):
+            if flag:
+                raise ExecutionError(
+                    message() + f" (found on {self.place!r} after the run's ops were queued: "
+                    "a device checks its inputs without stopping; nothing was stored)"
+                )
+
+    def discard_checks(self) -> None:
+        """Forget the checks left by `check` (a run that failed another way)."""
+        self._pending_checks = []
 
     def synchronize(self) -> None:
         """Wait for the work queued on this place to finish."""
@@ -281,6 +319,8 @@ class StandInDeviceContext(DeviceContext):
         super().__init__(place, standin.xp)
         self._standin = standin
 
+    defers_checks = True
+
     def to_device(self, array: Any) -> Any:
         if type(array) is self._standin.StandInArray:
             return array
@@ -307,6 +347,10 @@ class _StandInGenerator:
             return wrap(np.asarray(draw(*args, **kwargs)))
 
         return on_device
+
+
+# the fused CUDA kernels built so far, by name (ElementwiseKernel) or (function, dtype)
+_KERNELS: dict[Any, Any] = {}
 
 
 class CUDADeviceContext(DeviceContext):
@@ -343,6 +387,29 @@ class CUDADeviceContext(DeviceContext):
 
     def synchronize(self) -> None:
         self.device.synchronize()
+
+    runs_cuda_kernels = True
+    defers_checks = True
+
+    def elementwise(self, name: str, in_params: str, out_params: str, operation: str, **kw):
+        """The `cupy.ElementwiseKernel` `name` (built on first use, then reused: CuPy compiles
+        it once per dtype signature and caches the binary)."""
+        kernel = _KERNELS.get(name)
+        if kernel is None:
+            kernel = self.xp.ElementwiseKernel(in_params, out_params, operation, name, **kw)
+            _KERNELS[name] = kernel
+        return kernel
+
+    def raw_kernel(self, source: str, function: str, dtype) -> Any:
+        """The `extern "C"` CUDA function `function` of `source`, compiled with `T` as the C
+        type of `dtype` (float, double) once per dtype, then reused."""
+        key = (function, np.dtype(dtype).name)
+        kernel = _KERNELS.get(key)
+        if kernel is None:
+            c_type = {"float32": "float", "float64": "double"}[np.dtype(dtype).name]
+            kernel = self.xp.RawKernel(f"typedef {c_type} T;\n{source}", function)
+            _KERNELS[key] = kernel
+        return kernel
 
     def scatter_add(self, target: Any, indices: Any, values: Any) -> None:
         self.scatter_at(target, indices, values, "add")

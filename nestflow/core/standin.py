@@ -23,8 +23,10 @@ namespace with every function unwrapping stand-in arguments and wrapping array r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
+import sys
 import types
 from typing import Any
 
@@ -66,27 +68,35 @@ class StandInArray:
 
     def get(self) -> np.ndarray:
         """A host copy (CuPy's `ndarray.get`)."""
+        _transferred("read")
         return self._data.copy()
 
     def item(self):
+        _transferred("read")
         return self._data.item()
 
     def tolist(self):
+        _transferred("read")
         return self._data.tolist()
 
     def __bool__(self) -> bool:
+        _transferred("read")
         return bool(self._data)
 
     def __int__(self) -> int:
+        _transferred("read")
         return int(self._data)
 
     def __float__(self) -> float:
+        _transferred("read")
         return float(self._data)
 
     def __complex__(self) -> complex:
+        _transferred("read")
         return complex(self._data)
 
     def __index__(self) -> int:
+        _transferred("read")
         return operator.index(self._data)
 
     # ---- array protocol ----
@@ -342,6 +352,9 @@ def _to_device(function):
             obj = obj._data
         elif type(obj) in (list, tuple):
             obj = type(obj)(o._data if type(o) is StandInArray else o for o in obj)
+            _transferred("write")
+        else:
+            _transferred("write")
         return StandInArray(np.asarray(function(obj, *args, **kwargs)))
 
     return call
@@ -350,8 +363,41 @@ def _to_device(function):
 def asnumpy(array) -> np.ndarray:
     """A host copy of a stand-in array (a NumPy array as it is): CuPy's `asnumpy`."""
     if type(array) is StandInArray:
+        _transferred("read")
         return array._data.copy()
     return np.asarray(array)
+
+
+# The transfers being recorded (None: not recording): each a (kind, where) pair, kind "read"
+# (a device value read on the host: the host waits for the device) or "write" (a host value
+# made a device array by xp.asarray / xp.array: a synchronous copy on CUDA), where the
+# nestflow source line that asked for it. A block that makes none can be captured as a CUDA
+# graph and never waits for the GPU.
+_recorded: list[tuple[str, str]] | None = None
+
+
+@contextlib.contextmanager
+def recording_transfers():
+    """Record the host transfers made inside the block: yields the list it fills."""
+    global _recorded
+    previous, _recorded = _recorded, []
+    try:
+        yield _recorded
+    finally:
+        _recorded = previous
+
+
+def _transferred(kind: str) -> None:
+    if _recorded is None:
+        return
+    frame, where = sys._getframe(2), "?"
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if "nestflow" in path and not path.endswith("standin.py"):
+            where = f"{path.rsplit('nestflow/', 1)[-1]}:{frame.f_lineno} {frame.f_code.co_name}"
+            break
+        frame = frame.f_back
+    _recorded.append((kind, where))
 
 
 def get_array_module(*arrays) -> types.ModuleType:

@@ -27,6 +27,7 @@ from nestflow.errors import (
     suggest_names,
 )
 from nestflow.executor import plan as plan_module
+from nestflow.executor.cuda_graph import ExecutionStrategy, GraphRunner
 from nestflow.executor.plan import BlockPlan, Frame
 from nestflow.flags import FLAGS
 from nestflow.framework.nesting import hold_stack_room, nesting_depth, release_stack_room
@@ -96,17 +97,40 @@ class Executor:
     [array([[3.]], dtype=float32)]
     """
 
-    def __init__(self, place: Place | None = None, check_nan_inf: bool | None = None):
+    def __init__(
+        self,
+        place: Place | None = None,
+        check_nan_inf: bool | None = None,
+        execution_strategy: ExecutionStrategy | None = None,
+        cuda_graph: bool = False,
+    ):
         if place is not None and not isinstance(place, Place):
             raise TypeMismatchError(
                 f"Executor(place): place must be a Place such as nf.CPUPlace(), got "
                 f"{type(place).__name__} {place!r}"
             )
+        if execution_strategy is not None and not isinstance(execution_strategy, ExecutionStrategy):
+            raise TypeMismatchError(
+                "Executor(execution_strategy=): expects nf.ExecutionStrategy, got "
+                f"{type(execution_strategy).__name__}"
+            )
         self.place = place if place is not None else default_place()
         self.device = device_context(self.place)
         self._on_device = self.place.is_device
         self._check_nan_inf = check_nan_inf
+        # CUDA-graph replay (nestflow.executor.cuda_graph): on CUDAPlace only
+        wanted = cuda_graph or (execution_strategy is not None and execution_strategy.cuda_graph)
+        self._graphs = (
+            GraphRunner(self.device) if wanted and self.device.runs_cuda_kernels else None
+        )
         keep_freed_memory()
+
+    def why_not_captured(self, program: Program | None = None) -> str | None:
+        """Why `program` runs uncaptured with cuda_graph on (None: it is captured, or has not
+        run twice yet); "cuda_graph is off" where it is off or the place is not CUDA."""
+        if self._graphs is None:
+            return "cuda_graph is off (or the place is not CUDAPlace)"
+        return self._graphs.why_not_captured(program or default_main_program())
 
     @property
     def check_nan_inf(self) -> bool:
@@ -170,6 +194,13 @@ class Executor:
         checking = self._check_nan_inf if check_nan_inf is None else check_nan_inf
         if checking is None:
             checking = FLAGS["check_nan_inf"]
+        if self._graphs is not None and not checking and plan_module.profiler is None:
+            with self.device.activate():
+                replayed = self._graphs.run(
+                    self, prepared, block, feed or {}, fetch_names, scope, return_numpy
+                )
+            if replayed is not None:
+                return self._returned(replayed, return_numpy)
         # Each level of nested sub-blocks recurses: room for the program's deepest chain.
         deep = hold_stack_room(prepared.nesting, "the program")
         local = scope.new_scope() if prepared.needs_local_scope else scope
@@ -194,7 +225,12 @@ class Executor:
             keep = frozenset(fetch_names)
             if self._on_device:  # the host needs no device made current
                 with self.device.activate():
-                    _run_frame(frame, program, keep)
+                    try:
+                        _run_frame(frame, program, keep)
+                    except BaseException:
+                        self.device.discard_checks()
+                        raise
+                    self.device.raise_failed_checks()
             elif program.random_seed:
                 _run_frame(frame, program, keep)
             else:  # the common case, called directly: this is the per-run cost (W5)
@@ -209,14 +245,15 @@ class Executor:
                 release_stack_room()
             if local is not scope:
                 scope.delete_scope(local)
+        return self._returned(results, return_numpy)
+
+    def _returned(self, results: list, return_numpy: bool) -> list:
         if return_numpy:
             # A fetch may be a parameter's own array (or a view of one): the caller gets a
             # copy, so writing into it cannot change the scope behind the executor's back.
-            results = [r.copy() if type(r) is np.ndarray else _to_numpy(r) for r in results]
-        elif self.place.is_device:
-            results = [
-                Tensor._holding(r, self.place) if self.device.owns(r) else r for r in results
-            ]
+            return [r.copy() if type(r) is np.ndarray else _to_numpy(r) for r in results]
+        if self.place.is_device:
+            return [Tensor._holding(r, self.place) if self.device.owns(r) else r for r in results]
         return results
 
     def _move_feeds(self, plan: BlockPlan, env: list, feed: Mapping[Any, Any]) -> None:

@@ -564,9 +564,13 @@ def _kernel_call(
             # A gradient nobody takes (no slot, or an empty name: -1) is not computed.
             needs = tuple(any(i >= 0 for i in out_slots.get(s.name, ())) for s in op_def.outputs)
             attrs = dict(attrs, needs=needs)
-        attrs = {**attrs, **place_args(kernel, device)}
-        if attrs:
-            kernel = functools.partial(kernel, **attrs)
+        cuda = op_def.forward_cuda if device.runs_cuda_kernels else None
+        if cuda is not None:
+            kernel = _with_cuda_kernel(cuda, kernel, attrs, device)
+        else:
+            attrs = {**attrs, **place_args(kernel, device)}
+            if attrs:
+                kernel = functools.partial(kernel, **attrs)
     returns_tuple = len(op_def.outputs) > 1 or op_def.forward_type is not None
     kernel = _keeping_low_precision(op, op_def, kernel, returns_tuple)
     # Argument sources: one slot, a list of slots (duplicable), or absent (None).
@@ -594,6 +598,19 @@ def _kernel_call(
             call.donor, call.into = donor, _into(kernel)
         break
     return call
+
+
+def _with_cuda_kernel(cuda: Callable, body: Callable, attrs: dict, device) -> Callable:
+    """The op's fused CUDA kernel, falling back to its xp body where it returns
+    NotImplemented (an input it does not cover); both with attrs and place args bound."""
+    fused = functools.partial(cuda, **attrs, **place_args(cuda, device))
+    body = functools.partial(body, **attrs, **place_args(body, device))
+
+    def fused_or_body(*args, **kwargs):
+        out = fused(*args, **kwargs)
+        return body(*args, **kwargs) if out is NotImplemented else out
+
+    return fused_or_body
 
 
 def _keeping_low_precision(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from nestflow.core.dtype import is_floating
-from nestflow.errors import AttrError, DTypeError, ExecutionError, ShapeError
+from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops.registry import Required, VarInfo, fail, register_op
 
 
@@ -53,10 +53,8 @@ def _infer_loss_shape(
     return loss_shape
 
 
-def _class_ids(label, x, axis: int, ignore_index: int, xp):
-    """(ids, ignored): label with the class axis kept as size 1 and ignored rows set to 0, and
-    the mask of ignored rows (None when no row is ignored). Raises ExecutionError for ids
-    outside [0, C)."""
+def _label_rows(label, x, axis: int, xp):
+    """label with the class axis kept as size 1; ShapeError if it is not one id per row."""
     if label.ndim < x.ndim:
         label = xp.expand_dims(label, axis)
     if label.shape != x.shape[:axis] + (1,) + x.shape[axis + 1 :]:
@@ -65,22 +63,34 @@ def _class_ids(label, x, axis: int, ignore_index: int, xp):
             f"Label {list(label.shape)} does not fit the scores {list(x.shape)}: one class id "
             f"per row (the class dim {axis} of size 1, or dropped)"
         )
+    return label
+
+
+def _class_ids(label, x, axis: int, ignore_index: int, device):
+    """(ids, ignored): label with the class axis kept as size 1 and ignored rows set to 0, and
+    the mask of ignored rows (None when no row is ignored). Ids outside [0, C) are an
+    ExecutionError: at once on the host; on a device (which would index them without failing:
+    CuPy wraps them) after the run (DeviceContext.check), read as class 0 until then."""
+    xp = device.xp
+    label = _label_rows(label, x, axis, xp)
     classes = x.shape[axis]
-    if label.size:
-        # Read on the host: a device indexes out-of-range ids without failing (CuPy wraps
-        # them), so the range check that gives the error is made here.
+    if label.size and not device.defers_checks:
         low, high = int(label.min()), int(label.max())
         if 0 <= low and high < classes and not low <= ignore_index <= high:
             return label, None  # the common case, checked with two reductions
     ignored = label == ignore_index
     bad = ~ignored & ((label < 0) | (label >= classes))
-    if bool(bad.any()):  # a host read, as above (only when ids fall outside [0, C))
-        at = tuple(xp.argwhere(bad)[0].tolist())
-        raise ExecutionError(
-            f"Label holds {int(label[at])} at {list(at)}, outside the {classes} classes "
-            f"[0, {classes}) (ignore_index={ignore_index})"
-        )
-    return xp.where(ignored, 0, label), ignored
+    device.check(bad.any(), lambda: _bad_ids(label, bad, classes, ignore_index, xp))
+    return xp.where(ignored | bad, 0, label), ignored
+
+
+def _bad_ids(label, bad, classes: int, ignore_index: int, xp) -> str:
+    """The error for class ids outside [0, classes) (`bad` marks them): the first one."""
+    at = tuple(xp.argwhere(bad)[0].tolist())
+    return (
+        f"Label holds {int(label[at])} at {list(at)}, outside the {classes} classes "
+        f"[0, {classes}) (ignore_index={ignore_index})"
+    )
 
 
 def _pick(x, ids, axis: int, xp):
@@ -106,17 +116,19 @@ class cross_entropy:
     def infer(X, Label, soft_label, ignore_index):
         return VarInfo(_infer_loss_shape(X, Label, soft_label, -1, "X"), X.dtype)
 
-    def forward(X, Label, soft_label, ignore_index, xp):
+    def forward(X, Label, soft_label, ignore_index, device):
+        xp = device.xp
         with np.errstate(divide="ignore", invalid="ignore"):
             if soft_label:
                 return -(Label * xp.log(X)).sum(axis=-1, keepdims=True)
-            ids, ignored = _class_ids(Label, X, X.ndim - 1, ignore_index, xp)
+            ids, ignored = _class_ids(Label, X, X.ndim - 1, ignore_index, device)
             return _unless_ignored(-xp.log(_pick(X, ids, X.ndim - 1, xp)), ignored, xp)
 
-    def backward(X, Label, Y, Y_grad, soft_label, ignore_index, xp):
+    def backward(X, Label, Y, Y_grad, soft_label, ignore_index, device):
+        xp = device.xp
         if soft_label:
             return (-Y_grad * Label / X,)
-        ids, ignored = _class_ids(Label, X, X.ndim - 1, ignore_index, xp)
+        ids, ignored = _class_ids(Label, X, X.ndim - 1, ignore_index, device)
         picked = _pick(X, ids, X.ndim - 1, xp)
         dx = xp.zeros_like(X)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -126,12 +138,104 @@ class cross_entropy:
 
     double_grad = ("X", "Y@GRAD")
 
-    def double_backward(X, Label, Y, Y_grad, dX, ddX, soft_label, ignore_index, xp):
+    def double_backward(X, Label, Y, Y_grad, dX, ddX, soft_label, ignore_index, device):
         # dX = Y_grad * q with q = d loss / dX (-1/X at the label, -Label/X when soft).
-        q = cross_entropy.backward(X, Label, Y, xp.ones_like(Y_grad), soft_label, ignore_index, xp)
-        q = q[0]
+        xp = device.xp
+        ones = xp.ones_like(Y_grad)
+        q = cross_entropy.backward(X, Label, Y, ones, soft_label, ignore_index, device)[0]
         with np.errstate(divide="ignore", invalid="ignore"):
             return -ddX * Y_grad * q / X, (ddX * q).sum(axis=-1, keepdims=True)
+
+
+def _plus_softmax_grad(grad, softmax, softmax_grad, axis: int):
+    """grad plus what flows back through the Softmax output (when something reads it)."""
+    if softmax_grad is not None:
+        inner = (softmax_grad * softmax).sum(axis=axis, keepdims=True)
+        grad += softmax * (softmax_grad - inner)
+    return grad
+
+
+def _fused_rows(logits, label, soft_label: bool, axis: int) -> int | None:
+    """The rows the fused CUDA kernels take (hard labels over the last axis of float32/64
+    scores, one id per row, at least one class); None where the xp body runs instead (which
+    also raises the shape errors)."""
+    if soft_label or axis % logits.ndim != logits.ndim - 1 or logits.dtype.name not in FUSED:
+        return None
+    rows = logits.size // logits.shape[-1] if logits.shape[-1] else 0
+    fits = label.shape in (logits.shape[:-1], logits.shape[:-1] + (1,))
+    return rows if rows and fits and label.dtype.kind in "iu" else None
+
+
+def _check_fused_ids(device, label, logits, bad, ignore_index: int) -> None:
+    """The fused kernels' flag of ids outside [0, C), checked after the run."""
+    classes, xp = logits.shape[-1], device.xp
+
+    def message() -> str:
+        ids = _label_rows(label, logits, logits.ndim - 1, xp)
+        out = (ids != ignore_index) & ((ids < 0) | (ids >= classes))
+        return _bad_ids(ids, out, classes, ignore_index, xp)
+
+    device.check(bad, message)
+
+
+# the dtypes the fused CUDA kernels are built for (others run the xp body)
+FUSED = ("float32", "float64")
+
+# softmax_with_cross_entropy's forward on the GPU: one block per row of C scores. A row's max
+# and sum are tree reductions in shared memory; the loss is log(sum) - (x[id] - max), as the
+# xp body computes it. A NaN score makes the row NaN (as NumPy's max does); an id outside
+# [0, C) (and not ignore_index) sets *bad and gives loss 0.
+_SWCE_FORWARD = r"""
+extern "C" __global__ void swce_forward(
+    const T* logits, const long long* label, T* softmax, T* loss, bool* bad,
+    long long classes, long long ignore_index) {
+  __shared__ T partial[256];
+  const long long row = blockIdx.x;
+  const T* x = logits + row * classes;
+  T* s = softmax + row * classes;
+  T top = x[0];  // any of the row's scores starts the max (NVRTC has no INFINITY)
+  for (long long c = threadIdx.x; c < classes; c += blockDim.x) {
+    T v = x[c];
+    top = (v > top || isnan(v)) ? v : top;
+  }
+  partial[threadIdx.x] = top;
+  __syncthreads();
+  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+    if (threadIdx.x < k) {
+      T other = partial[threadIdx.x + k];
+      if (other > partial[threadIdx.x] || isnan(other)) partial[threadIdx.x] = other;
+    }
+    __syncthreads();
+  }
+  top = partial[0];
+  __syncthreads();
+  T total = 0;
+  for (long long c = threadIdx.x; c < classes; c += blockDim.x) {
+    T e = exp(x[c] - top);
+    s[c] = e;
+    total += e;
+  }
+  partial[threadIdx.x] = total;
+  __syncthreads();
+  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+    if (threadIdx.x < k) partial[threadIdx.x] += partial[threadIdx.x + k];
+    __syncthreads();
+  }
+  total = partial[0];
+  for (long long c = threadIdx.x; c < classes; c += blockDim.x) s[c] = s[c] / total;
+  if (threadIdx.x == 0) {
+    long long id = label[row];
+    if (id == ignore_index) {
+      loss[row] = 0;
+    } else if (id < 0 || id >= classes) {
+      loss[row] = 0;
+      *bad = true;
+    } else {
+      loss[row] = log(total) - (x[id] - top);
+    }
+  }
+}
+"""
 
 
 @register_op
@@ -149,7 +253,8 @@ class softmax_with_cross_entropy:
         loss_shape = _infer_loss_shape(Logits, Label, soft_label, axis, "Logits")
         return VarInfo(Logits.shape, Logits.dtype), VarInfo(loss_shape, Logits.dtype)
 
-    def forward(Logits, Label, soft_label, axis, ignore_index, xp):
+    def forward(Logits, Label, soft_label, axis, ignore_index, device):
+        xp = device.xp
         axis %= Logits.ndim
         shifted = Logits - Logits.max(axis=axis, keepdims=True)
         exp = xp.exp(shifted)
@@ -159,13 +264,41 @@ class softmax_with_cross_entropy:
         if soft_label:
             loss = -(Label * (shifted - log_total)).sum(axis=axis, keepdims=True)
         else:
-            ids, ignored = _class_ids(Label, Logits, axis, ignore_index, xp)
+            ids, ignored = _class_ids(Label, Logits, axis, ignore_index, device)
             loss = _unless_ignored(log_total - _pick(shifted, ids, axis, xp), ignored, xp)
         return softmax, loss
 
+    def forward_cuda(Logits, Label, soft_label, axis, ignore_index, device):
+        # one block per row: max, exp, sum, softmax and the loss in one launch
+        rows = _fused_rows(Logits, Label, soft_label, axis)
+        if rows is None:
+            return NotImplemented
+        xp, classes = device.xp, Logits.shape[-1]
+        logits = xp.ascontiguousarray(Logits)
+        label = xp.ascontiguousarray(Label, dtype=xp.int64)
+        softmax = xp.empty_like(logits)
+        loss = xp.empty(Logits.shape[:-1] + (1,), Logits.dtype)
+        bad = xp.zeros((), xp.bool_)
+        threads = min(256, max(32, 1 << (classes - 1).bit_length()))
+        kernel = device.raw_kernel(_SWCE_FORWARD, "swce_forward", Logits.dtype)
+        args = (logits, label, softmax, loss, bad, np.int64(classes), np.int64(ignore_index))
+        kernel((rows,), (threads,), args)
+        _check_fused_ids(device, Label, Logits, bad, ignore_index)
+        return softmax, loss
+
     def backward(
-        Logits, Label, Softmax, Loss, Softmax_grad, Loss_grad, soft_label, axis, ignore_index, xp
+        Logits,
+        Label,
+        Softmax,
+        Loss,
+        Softmax_grad,
+        Loss_grad,
+        soft_label,
+        axis,
+        ignore_index,
+        device,
     ):
+        xp = device.xp
         axis %= Logits.ndim
         if Loss_grad is None:
             grad = xp.zeros_like(Logits)
@@ -175,14 +308,48 @@ class softmax_with_cross_entropy:
             grad = (Softmax * total - Label) * Loss_grad
         else:
             # (softmax - one_hot(label)) * dLoss, ignored rows zero.
-            ids, ignored = _class_ids(Label, Logits, axis, ignore_index, xp)
+            ids, ignored = _class_ids(Label, Logits, axis, ignore_index, device)
             grad = Softmax.copy()
             xp.put_along_axis(grad, ids, _pick(grad, ids, axis, xp) - 1, axis=axis)
             grad *= _unless_ignored(xp.broadcast_to(Loss_grad, ids.shape), ignored, xp)
-        if Softmax_grad is not None:
-            inner = (Softmax_grad * Softmax).sum(axis=axis, keepdims=True)
-            grad += Softmax * (Softmax_grad - inner)
-        return (grad,)
+        return (_plus_softmax_grad(grad, Softmax, Softmax_grad, axis),)
+
+    def backward_cuda(
+        Logits,
+        Label,
+        Softmax,
+        Loss,
+        Softmax_grad,
+        Loss_grad,
+        soft_label,
+        axis,
+        ignore_index,
+        device,
+    ):
+        # (softmax - one_hot(label)) * dLoss in one elementwise launch, ids checked in it
+        if Loss_grad is None or _fused_rows(Logits, Label, soft_label, axis) is None:
+            return NotImplemented
+        xp, classes = device.xp, Logits.shape[-1]
+        grad = xp.empty_like(Softmax)
+        bad = xp.zeros((), xp.bool_)
+        kernel = device.elementwise(
+            "nestflow_swce_grad",
+            "T softmax, raw int64 label, raw T loss_grad, int64 classes, int64 ignore_index",
+            "T grad, raw bool bad",
+            """
+            long long row = i / classes;
+            long long id = label[row];
+            bool out_of_range = id != ignore_index && (id < 0 || id >= classes);
+            if (out_of_range) bad[0] = true;
+            T scale = (id == ignore_index || out_of_range) ? (T)0 : loss_grad[row];
+            grad = (softmax - (i % classes == id ? (T)1 : (T)0)) * scale;
+            """,
+        )
+        label = xp.ascontiguousarray(Label, dtype=xp.int64)
+        loss_grad = xp.ascontiguousarray(xp.broadcast_to(Loss_grad, Logits.shape[:-1] + (1,)))
+        kernel(Softmax, label, loss_grad, np.int64(classes), np.int64(ignore_index), grad, bad)
+        _check_fused_ids(device, Label, Logits, bad, ignore_index)
+        return (_plus_softmax_grad(grad, Softmax, Softmax_grad, -1),)
 
     double_grad = ("Softmax", "Softmax@GRAD", "Loss@GRAD")
 
@@ -198,12 +365,14 @@ class softmax_with_cross_entropy:
         soft_label,
         axis,
         ignore_index,
-        xp,
+        device,
         needs=(True,) * 3,
     ):
+        xp = device.xp
+
         def grad(softmax, loss_grad):
             args = (Logits, Label, softmax, Loss, None, loss_grad, soft_label, axis, ignore_index)
-            return softmax_with_cross_entropy.backward(*args, xp)[0]
+            return softmax_with_cross_entropy.backward(*args, device)[0]
 
         g, ax = ddLogits, axis % Logits.ndim
         d_softmax = d_softmax_grad = d_loss_grad = None

@@ -25,8 +25,10 @@ def _require_float(X: VarInfo, op: str) -> None:
 
 
 def _mean_of(total, count: int, dtype, xp):
+    # the count goes to the device as a kernel argument (of the dtype: float16 rounds it as
+    # NumPy does), not as an array copied over (a synchronous copy on CUDA)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return xp.asarray(total / xp.asarray(count, dtype), dtype)
+        return xp.asarray(total / np.dtype(dtype).type(count), dtype)
 
 
 @register_op

@@ -135,6 +135,8 @@ class OpDef:
     infer_op: Callable | None = None
     forward: Callable | None = None
     specialize: Callable | None = None
+    # a fused CUDA kernel (forward's signature) used on CUDAPlace; NotImplemented: forward's
+    forward_cuda: Callable | None = None
     run: Callable | None = None
     backward: Callable | None = None
     grad_maker: Callable | None = None
@@ -257,6 +259,12 @@ def register_op(cls: type) -> type:
       for the gradient op.
     - `specialize(**slot_infos, **attrs)`: called once when a plan is prepared; returns a
       faster kernel taking the inputs (and `out=`) for these attrs, or None to keep `forward`.
+    - `forward_cuda` / `backward_cuda`: a fused CUDA kernel (a `cupy.ElementwiseKernel` or
+      `RawKernel` from the DeviceContext's `elementwise` / `raw_kernel`, built once) with the
+      signature of `forward` / `backward`, run instead of it on CUDAPlace; it returns
+      NotImplemented for the inputs it does not cover (a dtype, an attr), and `forward` /
+      `backward` runs then. The op stays one class: the xp body is the reference the CUDA
+      kernel is tested against.
     - `run(ctx)`: instead of `forward`, for scope-aware ops (control flow, feed/fetch); gets
       the executor's RunContext.
     - `double_backward(*grad_op_inputs, *grad_op_outputs, *their_grads, **attrs)`: the
@@ -313,6 +321,7 @@ def register_op(cls: type) -> type:
         infer_op=_plain(cls, "infer_op"),
         forward=_plain(cls, "forward"),
         specialize=_plain(cls, "specialize"),
+        forward_cuda=_plain(cls, "forward_cuda"),
         run=_plain(cls, "run"),
         backward=backward,
         grad_maker=_plain(cls, "grad_maker"),
@@ -342,6 +351,7 @@ def register_op(cls: type) -> type:
         grad_def = _gradient_op_def(
             op_def, dict(cls.__dict__.get("grad_inplace", {})), grad_no_need_buffer
         )
+        grad_def.forward_cuda = _plain(cls, "backward_cuda")
         _REGISTRY[grad_def.type] = grad_def
         if op_def.grad_maker is None:
             op_def.grad_maker = default_grad_maker

@@ -473,3 +473,192 @@ def test_the_harness_compares_random_draws_on_cuda_by_shape_only():
     assert not draws_on_the_device("scaled_dot_product_attention", {})
     assert draws_on_the_device("scaled_dot_product_attention", {"dropout_rate": 0.1})
     assert not draws_on_the_device("relu", {})
+
+
+def test_an_ops_cuda_kernel_runs_where_the_place_runs_cuda_kernels(monkeypatch):
+    """forward_cuda / backward_cuda replace forward / backward on a place whose context runs
+    CUDA kernels (CUDAPlace; here the stand-in, told to), with attrs and place args bound as
+    for the xp body; NotImplemented hands the inputs to the xp body."""
+    from nestflow.ops import registry
+
+    calls = []
+
+    @registry.register_op
+    class test_cuda_scaled:
+        inputs, outputs = ("X",), ("Out",)
+        attrs = {"factor": 2.0}
+
+        def infer(X, factor):
+            return X
+
+        def forward(X, factor, xp):
+            calls.append("forward")
+            return X * factor
+
+        def forward_cuda(X, factor, xp, device):
+            calls.append("forward_cuda")
+            assert device.place == place
+            return NotImplemented if factor < 0 else xp.multiply(X, factor)
+
+        def backward(X, Out, Out_grad, factor):
+            calls.append("backward")
+            return (Out_grad * factor,)
+
+        def backward_cuda(X, Out, Out_grad, factor, xp):
+            calls.append("backward_cuda")
+            return (xp.multiply(Out_grad, factor),)
+
+    place = StandInPlace(0)
+    try:
+        monkeypatch.setattr(type(nf.device_context(place)), "runs_cuda_kernels", True)
+        for factor, want in ((3.0, ["forward_cuda", "backward_cuda"]), (-1.0, None)):
+            main, startup = nf.Program(), nf.Program()
+            with nf.program_guard(main, startup):
+                x = nf.data("x", [-1, 2])
+                x.stop_gradient = False
+                y = nf.layers.helper.append_op("test_cuda_scaled", {"X": x}, {"factor": factor})
+                (dx,) = nf.gradients(nf.layers.reduce_sum(y), x)
+            calls.clear()
+            out, grad = nf.Executor(place).run(main, {"x": np.ones((1, 2))}, [y, dx])
+            assert out.tolist() == [[factor, factor]] and grad.tolist() == [[factor, factor]]
+            assert calls == (want or ["forward_cuda", "forward", "backward_cuda"])
+        calls.clear()
+        nf.Executor(nf.CPUPlace()).run(main, {"x": np.ones((1, 2))}, [y, dx])
+        assert calls == ["forward", "backward"]
+    finally:
+        for name in ("test_cuda_scaled", "test_cuda_scaled_grad"):
+            registry._REGISTRY.pop(name, None)
+
+
+@pytest.mark.parametrize("place", DEVICE_PLACES, ids=repr)
+def test_a_class_id_out_of_range_fails_the_run_on_a_device_and_stores_nothing(place):
+    """A device checks the ids without stopping (DeviceContext.check): the run's ops are
+    queued, the flags read once, and the error raised before any persistable is written."""
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 4])
+        label = nf.data("label", [-1, 1], "int64")
+        logits = nf.layers.fc(x, 3)
+        loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, label))
+        nf.optimizer.SGD(0.1).minimize(loss)
+    exe, scope = nf.Executor(place), nf.Scope()
+    exe.run(startup, scope=scope)
+    xs = np.ones((3, 4), "float32")
+    exe.run(main, {"x": xs, "label": np.array([[0], [1], [2]])}, [loss], scope=scope)
+    names = [p.name for p in main.global_block().all_parameters()]
+    before = {n: scope.find_var(n).get(nf.Tensor).numpy() for n in names}
+    with pytest.raises(nf.errors.ExecutionError, match=r"Label holds 7 at \[1, 0\], outside"):
+        exe.run(main, {"x": xs, "label": np.array([[0], [7], [2]])}, [loss], scope=scope)
+    for name, want in before.items():
+        np.testing.assert_array_equal(scope.find_var(name).get(nf.Tensor).numpy(), want)
+    (again,) = exe.run(main, {"x": xs, "label": np.array([[0], [1], [2]])}, [loss], scope=scope)
+    assert np.isfinite(again)
+
+
+CUDA_PLACES = [p for p in DEVICE_PLACES if isinstance(p, nf.CUDAPlace)]
+
+
+def _mlp_program(dropout: bool = False):
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 8])
+        label = nf.data("label", [-1, 1], "int64")
+        h = nf.layers.fc(x, 16, act="relu")
+        if dropout:
+            h = nf.layers.dropout(h, 0.5)
+        logits = nf.layers.fc(h, 4)
+        loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, label))
+        nf.optimizer.Adam(0.01).minimize(loss)
+    return main, startup, loss
+
+
+@pytest.mark.skipif(not CUDA_PLACES, reason="no CUDA GPU here (CuPy or a driver missing)")
+def test_cuda_graph_replays_are_bit_identical_to_uncaptured_runs():
+    place = CUDA_PLACES[0]
+    main, startup, loss = _mlp_program()
+    rng = np.random.default_rng(0)
+    feeds = [
+        {"x": rng.standard_normal((5, 8)).astype("float32"), "label": rng.integers(0, 4, (5, 1))}
+        for _ in range(6)
+    ]
+    runs = {}
+    for captured in (False, True):
+        exe, scope = nf.Executor(place, cuda_graph=captured), nf.Scope()
+        nf.Executor(nf.CPUPlace()).run(startup, scope=scope)
+        losses = [exe.run(main, f, [loss], scope=scope)[0] for f in feeds]
+        params = {
+            p.name: scope.find_var(p.name).get(nf.Tensor).numpy()
+            for p in main.global_block().all_parameters()
+        }
+        runs[captured] = (losses, params)
+        if captured:
+            assert exe.why_not_captured(main) is None
+            assert exe._graphs.graphs, "the second run did not capture the block"
+            # a parameter set from outside: the next run captures again, from the new value
+            name = next(iter(params))
+            scope.find_var(name).get(nf.Tensor).set(np.zeros_like(params[name]))
+            again = exe.run(main, feeds[0], [loss], scope=scope)[0]
+    (plain_losses, plain_params), (graph_losses, graph_params) = runs[False], runs[True]
+    for a, b in zip(plain_losses, graph_losses):
+        np.testing.assert_array_equal(a, b)
+    for name, value in plain_params.items():
+        np.testing.assert_array_equal(graph_params[name], value, err_msg=name)
+    assert np.isfinite(again)
+
+
+@pytest.mark.skipif(not CUDA_PLACES, reason="no CUDA GPU here (CuPy or a driver missing)")
+def test_cuda_graph_falls_back_for_random_ops_and_bad_ids_fail_a_replay():
+    place = CUDA_PLACES[0]
+    main, startup, loss = _mlp_program(dropout=True)
+    exe, scope = nf.Executor(place, cuda_graph=True), nf.Scope()
+    exe.run(startup, scope=scope)
+    feed = {"x": np.ones((3, 8), "float32"), "label": np.array([[0], [1], [2]])}
+    for _ in range(3):
+        exe.run(main, feed, [loss], scope=scope)
+    assert "dropout" in exe.why_not_captured(main)
+    main, startup, loss = _mlp_program()
+    exe, scope = nf.Executor(place, cuda_graph=True), nf.Scope()
+    exe.run(startup, scope=scope)
+    for _ in range(3):
+        exe.run(main, feed, [loss], scope=scope)
+    assert exe._graphs.graphs
+    names = [p.name for p in main.global_block().all_parameters()]
+    before = {n: scope.find_var(n).get(nf.Tensor).numpy() for n in names}
+    with pytest.raises(nf.errors.ExecutionError, match="outside the 4 classes"):
+        exe.run(main, dict(feed, label=np.array([[0], [9], [2]])), [loss], scope=scope)
+    for name, want in before.items():
+        np.testing.assert_array_equal(scope.find_var(name).get(nf.Tensor).numpy(), want)
+
+
+def test_a_training_run_on_a_device_waits_for_it_only_to_fetch():
+    """Kernels neither read device values on the host nor copy host scalars over (either
+    makes the host wait for the GPU and keeps a block from being captured as a CUDA graph):
+    a train step of an MLP and of a conv net on the stand-in reads its fetch and the device
+    checks' flags, once each, and copies nothing over beyond the feeds."""
+    from nestflow.core import standin
+
+    place = StandInPlace(0)
+    for build, feed in (
+        (_mlp_program, {"x": np.ones((3, 8), "float32"), "label": np.array([[0], [1], [2]])}),
+        (_conv_program, {"img": np.ones((2, 1, 8, 8), "float32"), "label": np.array([[0], [1]])}),
+    ):
+        main, startup, loss = build()
+        exe, scope = nf.Executor(place), nf.Scope()
+        exe.run(startup, scope=scope)
+        exe.run(main, feed, [loss], scope=scope)
+        with standin.recording_transfers() as transfers:
+            exe.run(main, feed, [loss], scope=scope)
+        assert sorted(kind for kind, _ in transfers) == ["read", "read"], transfers
+
+
+def _conv_program():
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        img = nf.data("img", [-1, 1, 8, 8])
+        label = nf.data("label", [-1, 1], "int64")
+        h = nf.layers.conv2d(img, 4, 3, padding=1, act="relu")
+        h = nf.layers.batch_norm(nf.layers.pool2d(h, 2, "max", 2))
+        logits = nf.layers.fc(h, 3)
+        loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, label))
+        nf.optimizer.Momentum(0.01, 0.9).minimize(loss)
+    return main, startup, loss

@@ -1,0 +1,225 @@
+"""A block replayed as a CUDA graph (`nf.Executor(place, cuda_graph=True)`, or
+`nf.ExecutionStrategy(cuda_graph=True)`): on CUDAPlace, a program's global block is run once as
+usual, captured on its second run with the same feed shapes, and replayed from then on: one
+graph launch instead of one Python call and several kernel launches per op.
+
+What a capture keeps (a graph replays kernels on the addresses it was captured with):
+- the feeds: one buffer per fed variable; each run copies its feed values into them;
+- every array the capture made: they come from a memory pool of the capture's own, so no later
+  allocation can take the memory the graph writes while it lives;
+- the persistables it reads: the scope's arrays when it was captured. Each replay's new values
+  (written by the graph into arrays of its own) are copied into them after the run's device
+  checks pass, so the scope keeps the same arrays and a failed run still stores nothing.
+
+A program falls back to uncaptured runs (and stays there) when its block holds a random op (a
+graph would replay the same draws), a control-flow op (sub-blocks run in scopes of their own, and
+While and IfElse read device values on the host) or anything else CuPy cannot capture (a host
+read or a synchronous copy raises during the capture: `why_not_captured` says what). A
+replay is dropped, and the next run captures again, when the scope's persistables are not the
+arrays it captured (a parameter set from outside). `check_nan_inf` and the profiler run
+uncaptured. Results are bit-identical to the uncaptured runs: the same kernels on the same
+inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from nestflow.core.device_context import DeviceContext
+from nestflow.core.scope import Scope
+from nestflow.errors import NestflowError
+
+
+@dataclass(frozen=True)
+class ExecutionStrategy:
+    """How an Executor runs programs (Fluid's ExecutionStrategy, its CUDA part).
+
+    cuda_graph: on CUDAPlace, capture a program's block as a CUDA graph on its second run
+    with the same feed shapes and fetches, and replay it after that (see
+    nestflow.executor.cuda_graph); off by default. Other places ignore it.
+    """
+
+    cuda_graph: bool = False
+
+
+class CaptureError(NestflowError):
+    """A block could not be captured as a CUDA graph (the program then runs uncaptured)."""
+
+
+class GraphRunner:
+    """An executor's captured graphs, by program plan, feed shapes, fetches and scope."""
+
+    def __init__(self, device: DeviceContext):
+        self.device = device
+        self.graphs: dict[tuple, CapturedBlock] = {}
+        self.warmed: set[tuple] = set()
+        # why a program plan runs uncaptured, by the plan's id (the plan holds the reason too)
+        self.refused: dict[tuple, str] = {}
+
+    def why_not_captured(self, program) -> str | None:
+        """Why `program` runs uncaptured here (None: it is captured, or not run twice yet)."""
+        plan = program.__dict__.get("_prepared_plan")
+        reason = getattr(plan, "cuda_graph_refusal", None)
+        if reason:
+            return reason
+        return next((r for key, r in self.refused.items() if key[0] == id(plan)), None)
+
+    def run(
+        self,
+        executor,
+        prepared,
+        block,
+        feed: Mapping[str, Any],
+        fetch_names: Sequence[str],
+        scope: Scope,
+        return_numpy: bool,
+    ) -> list | None:
+        """The run's fetches from a replay (capturing first where this is the second run of
+        its kind), or None when it must run uncaptured."""
+        refusal = _refusal(prepared)
+        if refusal:
+            return None
+        key = (
+            id(prepared),
+            tuple(fetch_names),
+            tuple((str(k), np.shape(v), str(getattr(v, "dtype", ""))) for k, v in feed.items()),
+            id(scope),
+        )
+        if key in self.refused:
+            return None
+        captured = self.graphs.get(key)
+        if captured is not None and not captured.still_current(scope):
+            del self.graphs[key]
+            captured = None
+        if captured is None:
+            if key not in self.warmed:  # the first run compiles kernels and makes the plan
+                self.warmed.add(key)
+                return None
+            try:
+                captured = CapturedBlock(executor, prepared, block, feed, fetch_names, scope)
+            except CaptureError as exc:
+                self.refused[key] = str(exc)
+                return None
+            self.graphs[key] = captured
+        return captured.replay(executor, prepared, block, feed, return_numpy)
+
+
+def _refusal(prepared) -> str | None:
+    """Why the program's block cannot be captured whatever its feeds (cached on the plan)."""
+    if not hasattr(prepared, "cuda_graph_refusal"):
+        prepared.cuda_graph_refusal = _block_refusal(prepared)
+    return prepared.cuda_graph_refusal
+
+
+def _block_refusal(prepared) -> str | None:
+    if prepared.needs_local_scope:
+        return "its block runs control flow (sub-blocks in scopes of their own)"
+    for op in prepared.block_plan.ops:
+        if "seed" in op.attrs and not op.attrs.get("is_test", False):
+            return f"op '{op.type}' draws random numbers (a replay would draw the same ones)"
+    return None
+
+
+class CapturedBlock:
+    """One program's block captured as a CUDA graph for one set of feed shapes and fetches."""
+
+    def __init__(
+        self, executor, prepared, block, feed: Mapping[str, Any], fetch_names, scope: Scope
+    ):
+        from nestflow.executor.executor import _scope_value, _store
+        from nestflow.executor.plan import Frame
+
+        device = executor.device
+        xp = device.xp
+        plan = prepared.block_plan
+        # a pool of the capture's own: its blocks are never handed to anything else
+        self.pool = xp.cuda.MemoryPool()
+        self.stream = xp.cuda.Stream(non_blocking=True)
+        frame = Frame(plan, scope, executor, None, None, False)
+        env = frame.env
+        with xp.cuda.using_allocator(self.pool.malloc):
+            fed_only = executor._bind_feeds(prepared, block, env, feed) or {}
+            if fed_only:
+                raise CaptureError("a fed variable no op reads is fetched")
+            self.feeds: dict[int, Any] = {}
+            for name in feed:
+                slot = plan.slot_of[name if type(name) is str else name.name]
+                buffer = xp.empty(np.shape(env[slot]), env[slot].dtype)
+                buffer[...] = device.to_device(env[slot])
+                env[slot] = self.feeds[slot] = buffer
+            executor._bind_persistables(prepared, scope, env, feed)
+            for name in prepared.required_feeds:
+                value = _scope_value(scope, name)
+                if value is None or not device.owns(value):
+                    raise CaptureError(f"'{name}' is neither fed nor a device array in the scope")
+                env[plan.slot_of[name]] = value
+            # what the graph reads from the scope: checked before each replay
+            self.reads = {name: env[slot] for slot, name in prepared.persistable_reads}
+            self.reads.update({n: env[plan.slot_of[n]] for n in prepared.required_feeds})
+            device.synchronize()
+            keep = frozenset(fetch_names)
+            with self.stream:
+                self.stream.begin_capture()
+                try:
+                    frame.run(keep=keep)
+                except Exception as exc:
+                    _end_failed_capture(self.stream)
+                    device.discard_checks()
+                    raise CaptureError(f"{type(exc).__name__}: {exc}") from exc
+                self.graph = self.stream.end_capture()
+        self.checks = device._pending_checks
+        device._pending_checks = []
+        self.fetches = [frame.value(name) for name in fetch_names]
+        if any(value is None for value in self.fetches):
+            raise CaptureError("a fetch target is not computed by the block")
+        # new values of persistables the graph reads go back into the scope's arrays after
+        # each replay; those it only writes keep the graph's arrays, stored once
+        self.copy_backs = []
+        for slot, name in prepared.persistable_writes:
+            value = env[slot]
+            if value is None:
+                continue
+            if name in self.reads:
+                if self.reads[name] is not value:
+                    self.copy_backs.append((self.reads[name], value))
+            else:
+                self.reads[name] = value
+                _store(scope, name, value)
+        self.frame = frame  # the arrays the graph writes stay alive with it
+
+    def still_current(self, scope: Scope) -> bool:
+        """Whether the scope still holds the arrays the graph reads."""
+        return all(scope._value(name) is array for name, array in self.reads.items())
+
+    def replay(self, executor, prepared, block, feed: Mapping[str, Any], return_numpy: bool):
+        """Run the graph on `feed`; the fetches (copies where they leave as device arrays: the
+        next replay writes the graph's own)."""
+        device = executor.device
+        env = [None] * len(prepared.block_plan.names)
+        executor._bind_feeds(prepared, block, env, feed)
+        for slot, buffer in self.feeds.items():
+            value = env[slot]
+            if type(value) is np.ndarray:
+                buffer.set(value)
+            else:
+                buffer[...] = value
+        self.graph.launch()
+        device._pending_checks.extend(self.checks)
+        device.raise_failed_checks()
+        for target, value in self.copy_backs:
+            target[...] = value
+        if return_numpy:
+            return list(self.fetches)
+        return [f.copy() if device.owns(f) else f for f in self.fetches]
+
+
+def _end_failed_capture(stream) -> None:
+    """End a capture an op broke (the graph, if any, is dropped)."""
+    try:
+        stream.end_capture()
+    except Exception:  # noqa: BLE001 (an invalidated capture raises here too; nothing to keep)
+        pass
