@@ -32,6 +32,7 @@ import numpy as np
 from nestflow.core.device_context import DeviceContext
 from nestflow.core.scope import Scope
 from nestflow.errors import NestflowError
+from nestflow.ops.registry import get_op_def
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,9 @@ class GraphRunner:
     def why_not_captured(self, program) -> str | None:
         """Why `program` runs uncaptured here (None: it is captured, or not run twice yet)."""
         plan = program.__dict__.get("_prepared_plan")
-        reason = getattr(plan, "cuda_graph_refusal", None)
+        if plan is None:
+            return None
+        reason = _refusal(plan)
         if reason:
             return reason
         return next((r for key, r in self.refused.items() if key[0] == id(plan)), None)
@@ -119,7 +122,9 @@ def _block_refusal(prepared) -> str | None:
     if prepared.needs_local_scope:
         return "its block runs control flow (sub-blocks in scopes of their own)"
     for op in prepared.block_plan.ops:
-        if "seed" in op.attrs and not op.attrs.get("is_test", False):
+        values = {**{k: spec.default for k, spec in get_op_def(op.type).attrs.items()}, **op.attrs}
+        rate = values.get("dropout_prob", values.get("dropout_rate", 1.0))
+        if "seed" in values and not values.get("is_test", False) and rate:
             return f"op '{op.type}' draws random numbers (a replay would draw the same ones)"
     return None
 
@@ -146,20 +151,25 @@ class CapturedBlock:
             if fed_only:
                 raise CaptureError("a fed variable no op reads is fetched")
             self.feeds: dict[int, Any] = {}
-            for name in feed:
-                slot = plan.slot_of[name if type(name) is str else name.name]
+            self.fed = {name if type(name) is str else name.name for name in feed}
+            for name in self.fed:
+                slot = plan.slot_of[name]
                 buffer = xp.empty(np.shape(env[slot]), env[slot].dtype)
                 buffer[...] = device.to_device(env[slot])
                 env[slot] = self.feeds[slot] = buffer
             executor._bind_persistables(prepared, scope, env, feed)
             for name in prepared.required_feeds:
+                if env[plan.slot_of[name]] is not None:
+                    continue  # fed
                 value = _scope_value(scope, name)
                 if value is None or not device.owns(value):
                     raise CaptureError(f"'{name}' is neither fed nor a device array in the scope")
                 env[plan.slot_of[name]] = value
             # what the graph reads from the scope: checked before each replay
             self.reads = {name: env[slot] for slot, name in prepared.persistable_reads}
-            self.reads.update({n: env[plan.slot_of[n]] for n in prepared.required_feeds})
+            self.reads.update(
+                {n: env[plan.slot_of[n]] for n in prepared.required_feeds if n not in self.fed}
+            )
             device.synchronize()
             keep = frozenset(fetch_names)
             with self.stream:

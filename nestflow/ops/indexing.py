@@ -35,18 +35,26 @@ def _normalized_axis(axis: int, ndim: int, what: str) -> int:
     return axis % ndim
 
 
-def check_index_range(index: np.ndarray, high, what: str) -> None:
+def check_index_range(index: np.ndarray, high, what: str, device=None) -> None:
     """ExecutionError unless every value of `index` lies in [0, high) (`high` broadcasts
-    against index): names the first offending value, its position and how many are bad."""
+    against index): names the first offending value, its position and how many are bad.
+    Given a `device` that defers checks, the flag stays there until the run's end
+    (DeviceContext.check); else it is read at once (a device wraps bad indexes around where
+    they must raise)."""
     bad = (index < 0) | (index >= high)
-    # A host read the op needs: a device wraps bad indexes around where they must raise.
-    if not bool(bad.any()):
+    if device is not None and device.defers_checks:
+        device.check(bad.any(), lambda: _index_range_error(index, high, what, bad))
         return
+    if bool(bad.any()):
+        raise ExecutionError(_index_range_error(index, high, what, bad))
+
+
+def _index_range_error(index, high, what: str, bad) -> str:
     xp = array_module(index)
     positions = xp.argwhere(bad).tolist()
     first = tuple(positions[0])
     limit = int(xp.broadcast_to(high, index.shape)[first]) if hasattr(high, "shape") else high
-    raise ExecutionError(
+    return (
         f"{what}: index {int(index[first])} at position {list(first)} is out of range "
         f"[0, {limit}) ({len(positions)} of {index.size} indexes are out of range; "
         f"index shape {list(index.shape)})"
@@ -273,9 +281,9 @@ class gather:
             fail("X is 0-d: gather picks rows of dim 0")
         return VarInfo(Index.shape[:1] + X.shape[1:], X.dtype)
 
-    def forward(X, Index, overwrite):
+    def forward(X, Index, overwrite, device):
         ids = _ids_vector(Index, "Index")
-        check_index_range(ids, X.shape[0], f"gather from X {list(X.shape)}")
+        check_index_range(ids, X.shape[0], f"gather from X {list(X.shape)}", device)
         return X[ids]
 
     def backward(X, Index, Out, Out_grad, overwrite, xp, device):

@@ -15,6 +15,9 @@ pixels in Python.
 
 The kernels run on any place: the helpers take their array module from the arrays they get
 (`array_module`), and each path is one body over it.
+On CUDAPlace the convs and pool2d run nestflow/ops/conv_cuda.py's kernels instead
+(`forward_cuda` / `backward_cuda`: im2col + cuBLAS, a gather col2im), NCHW float32/float64;
+the bodies here remain the reference and run for everything else.
 
 Attrs that only steer Fluid's hardware back ends (use_cudnn, use_mkldnn, workspace_size_MB, ...)
 are accepted so Fluid programs load, and have no effect.
@@ -32,7 +35,7 @@ import numpy as np
 from nestflow.core.device_context import array_module, chunk_grain
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
-from nestflow.ops import winograd
+from nestflow.ops import conv_cuda, winograd
 from nestflow.ops.activation import shared_zeros
 from nestflow.ops.gemm import matmul_nt
 from nestflow.ops.registry import Required, VarInfo, bilinear_double, fail, register_op
@@ -801,6 +804,49 @@ def _unfused_conv_backward(
     return dx, dw
 
 
+# the tag of the columns conv_cuda's forward keeps for its gradient (_COLUMNS)
+_CUDA_COLUMNS = "cuda_columns"
+
+
+def _conv_forward_cuda(Input, Filter, Bias, ResidualData, relu_first, attrs, device):
+    """_conv_forward through conv_cuda's kernels: NCHW float32/float64 (NotImplemented
+    otherwise, and for empty arrays)."""
+    if _check_layout(attrs["data_format"]) or not conv_cuda.covers(
+        device, Input, Filter, Bias, ResidualData
+    ):
+        return NotImplemented
+    geo = _conv_geometry(attrs, Input.shape[2:], Filter.shape[2:])
+    out_shape = Input.shape[:1] + Filter.shape[:1] + geo.out_hw(Input.shape[2:], Filter.shape[2:])
+    finish = _epilogue(Bias, ResidualData, out_shape, False, attrs)
+    out, cols = conv_cuda.conv(device, Input, Filter, geo, finish, relu_first)
+    if cols is not None and not attrs["is_test"]:
+        _COLUMNS.put(Input, out, ((_CUDA_COLUMNS, tuple(Filter.shape[2:]), geo), cols))
+    return out
+
+
+def _conv_backward_cuda(
+    Input, Filter, Bias, ResidualData, Output, Output_grad, relu_first, attrs, needs, device
+):
+    """_conv_backward through conv_cuda's kernels (NotImplemented where the forward's is)."""
+    operands = (Input, Filter, Bias, ResidualData, Output, Output_grad)
+    if _check_layout(attrs["data_format"]) or not conv_cuda.covers(device, *operands):
+        return NotImplemented
+    if _fused_relu(attrs):
+        Output_grad = conv_cuda.relu_grad(device, Output_grad, Output)
+    db = dres = None
+    if Bias is not None and needs[2]:
+        db = Output_grad.sum(axis=(0, 2, 3))
+    if ResidualData is not None and needs[3]:
+        dres = _unbroadcast(Output_grad, ResidualData.shape)
+    geo = _conv_geometry(attrs, Input.shape[2:], Filter.shape[2:])
+    kept = _COLUMNS.take(Input, Output) if needs[1] else None
+    cols = _reused(kept, (_CUDA_COLUMNS, tuple(Filter.shape[2:]), geo))
+    dx, dw = conv_cuda.grads(
+        device, Input, Output_grad, Filter, geo, needs[0], needs[1], cols, relu_first
+    )
+    return dx, dw, db, dres
+
+
 def _pooled_conv_grads(x, grad, w, geo: _ConvGeometry, relu_first, needs, grain, kept, device):
     """Both conv gradients over chunks of `grain` images on device's pool (NCHW): each chunk
     writes its slice of dx and returns its partial dw, summed in chunk order."""
@@ -883,6 +929,23 @@ class conv2d:
         args = (Input, Filter, Bias, ResidualData, Output, Output_grad)
         return _conv_backward(*args, False, attrs, needs, device)
 
+    def forward_cuda(Input, Filter, Bias=None, ResidualData=None, device=None, **attrs):
+        return _conv_forward_cuda(Input, Filter, Bias, ResidualData, False, attrs, device)
+
+    def backward_cuda(
+        Input,
+        Filter,
+        Bias,
+        ResidualData,
+        Output,
+        Output_grad,
+        needs=(True,) * 4,
+        device=None,
+        **attrs,
+    ):
+        args = (Input, Filter, Bias, ResidualData, Output, Output_grad)
+        return _conv_backward_cuda(*args, False, attrs, needs, device)
+
     double_grad = ("Input", "Filter", "Output@GRAD")
 
     def double_unsupported(attrs):
@@ -954,6 +1017,25 @@ class depthwise_conv2d:
         args = (Input, Filter, Bias, ResidualData, Output, Output_grad)
         relu_first = attrs["fuse_relu_before_depthwise_conv"]
         return _conv_backward(*args, relu_first, attrs, needs, device)
+
+    def forward_cuda(Input, Filter, Bias=None, ResidualData=None, device=None, **attrs):
+        relu_first = attrs["fuse_relu_before_depthwise_conv"]
+        return _conv_forward_cuda(Input, Filter, Bias, ResidualData, relu_first, attrs, device)
+
+    def backward_cuda(
+        Input,
+        Filter,
+        Bias,
+        ResidualData,
+        Output,
+        Output_grad,
+        needs=(True,) * 4,
+        device=None,
+        **attrs,
+    ):
+        args = (Input, Filter, Bias, ResidualData, Output, Output_grad)
+        relu_first = attrs["fuse_relu_before_depthwise_conv"]
+        return _conv_backward_cuda(*args, relu_first, attrs, needs, device)
 
 
 # ---- conv2d_transpose ----
@@ -1035,6 +1117,23 @@ class conv2d_transpose:
         dw = _conv_filter_grad(grad, x, Filter.shape, geo) if needs[1] else None
         return dx, dw
 
+    def forward_cuda(Input, Filter, device=None, **attrs):
+        channel_last, x, geo, out_hw = _transpose_setup(Input, Filter, attrs)
+        if channel_last or not conv_cuda.covers(device, Input, Filter):
+            return NotImplemented
+        return conv_cuda.input_grad(device, Input, Filter, out_hw, geo)
+
+    def backward_cuda(Input, Filter, Output, Output_grad, needs=(True, True), device=None, **attrs):
+        channel_last, x, geo, _ = _transpose_setup(Input, Filter, attrs)
+        if channel_last or not conv_cuda.covers(device, Input, Filter, Output_grad):
+            return NotImplemented
+        # the transposed conv's gradients are the conv of Output_grad and its filter gradient
+        dx = conv_cuda.conv(device, Output_grad, Filter, geo)[0] if needs[0] else None
+        dw = None
+        if needs[1]:
+            dw = conv_cuda.grads(device, Output_grad, Input, Filter, geo, False, True)[1]
+        return dx, dw
+
 
 @register_op
 class depthwise_conv2d_transpose:
@@ -1047,6 +1146,8 @@ class depthwise_conv2d_transpose:
     infer = _infer_conv_transpose
     forward = conv2d_transpose.forward
     backward = conv2d_transpose.backward
+    forward_cuda = conv2d_transpose.forward_cuda
+    backward_cuda = conv2d_transpose.backward_cuda
 
 
 # ---- pool2d ----
@@ -1341,6 +1442,19 @@ class pool2d:
 
         device.parallel_for(n, body, grain)
         return (_from_nchw(dx, channel_last),)
+
+    def forward_cuda(X, device=None, **attrs):
+        if _check_layout(attrs["data_format"]) or not conv_cuda.covers(device, X):
+            return NotImplemented
+        geo = _pool_geometry(X.shape[2:], attrs)
+        return conv_cuda.pool(device, X, geo, attrs["pooling_type"] == "max", attrs["exclusive"])
+
+    def backward_cuda(X, Out, Out_grad, device=None, **attrs):
+        if _check_layout(attrs["data_format"]) or not conv_cuda.covers(device, X, Out, Out_grad):
+            return NotImplemented
+        geo = _pool_geometry(X.shape[2:], attrs)
+        is_max, exclusive = attrs["pooling_type"] == "max", attrs["exclusive"]
+        return (conv_cuda.pool_grad(device, X, Out, Out_grad, geo, is_max, exclusive),)
 
     def double_backward(X, Out, Out_grad, dX, ddX, xp, device=None, **attrs):
         if ddX is None:

@@ -64,7 +64,55 @@ def _rows_in_place(array, xp):
 def _scalar(value, dtype, xp) -> np.ndarray:
     """A number or one-element array as a 0-d array of `dtype` on the place (so a 0-d Param
     stays 0-d)."""
+    if xp is not np and isinstance(value, (int, float, np.generic)):
+        # a kernel argument on a device (a Python number, rounded to the dtype: it takes the
+        # array's dtype), not an array copied over (a synchronous copy there)
+        return np.dtype(dtype).type(value).item()
     return xp.asarray(value, dtype=dtype).reshape(())
+
+
+# The fused CUDA kernels (`forward_cuda`): cupy.ElementwiseKernel arguments by kernel name. Each
+# computes its op's update in one launch, in the xp body's order of operations; T is Param's
+# dtype, L LearningRate's and B the beta powers'. The one-element inputs are read in the kernel
+# (`raw`, element 0), never on the host, and the bias corrections are taken in double, as the
+# body takes them in float64.
+CUDA_KERNELS: dict[str, tuple[str, str, str]] = {}
+
+
+def _cuda_kernel(name: str, in_params: str, out_params: str, operation: str) -> str:
+    CUDA_KERNELS[name] = (in_params, out_params, operation)
+    return name
+
+
+def _fused(device, name: str):
+    return device.elementwise(name, *CUDA_KERNELS[name])
+
+
+_FLOATS = ("float32", "float64")
+
+
+def _fusable(Param, *state) -> bool:
+    """Whether the fused kernels take this update: a non-empty float32/float64 Param and dense
+    state (Grad, moments) of its dtype and shape (a SelectedRows Grad keeps the xp body)."""
+    if Param.dtype.name not in _FLOATS or Param.size == 0:
+        return False
+    return all(
+        not isinstance(a, SelectedRows) and a.dtype == Param.dtype and a.shape == Param.shape
+        for a in state
+    )
+
+
+def _one_float(*arrays) -> bool:
+    """Whether these (LearningRate, beta powers) are one-element float32/float64 arrays."""
+    return all(a.dtype.name in _FLOATS and a.size == 1 for a in arrays)
+
+
+_SGD = _cuda_kernel(
+    "nestflow_sgd",
+    "T param, T grad, raw L lr",
+    "T param_out",
+    "param_out = param - grad * (T)lr[0];",
+)
 
 
 @register_op
@@ -91,6 +139,32 @@ class sgd:
         # One new array at most (none when the executor lends Grad's buffer as `out`).
         step = xp.multiply(Grad, lr, out=out)
         return xp.subtract(Param, step, out=step)
+
+    def forward_cuda(Param, Grad, LearningRate, device, out=None):
+        if not (_fusable(Param, Grad) and _one_float(LearningRate)):
+            return NotImplemented
+        return _fused(device, _SGD)(Param, Grad, LearningRate)
+
+
+_MOMENTUM = """
+T m = (T)mu;
+T v = velocity * m + grad;
+velocity_out = v;
+"""
+_MOMENTUM_KERNELS = {
+    False: _cuda_kernel(
+        "nestflow_momentum",
+        "T param, T grad, T velocity, raw L lr, float64 mu",
+        "T param_out, T velocity_out",
+        _MOMENTUM + "param_out = param - v * (T)lr[0];",
+    ),
+    True: _cuda_kernel(
+        "nestflow_momentum_nesterov",
+        "T param, T grad, T velocity, raw L lr, float64 mu",
+        "T param_out, T velocity_out",
+        _MOMENTUM + "param_out = param - (v * m + grad) * (T)lr[0];",
+    ),
+}
 
 
 @register_op
@@ -124,6 +198,68 @@ class momentum:
         else:
             step = xp.multiply(velocity, lr, out=out)
         return xp.subtract(Param, step, out=step), velocity
+
+    def forward_cuda(Param, Grad, Velocity, LearningRate, mu, use_nesterov, device, out=None):
+        if not (_fusable(Param, Grad, Velocity) and _one_float(LearningRate)):
+            return NotImplemented
+        kernel = _fused(device, _MOMENTUM_KERNELS[bool(use_nesterov)])
+        return kernel(Param, Grad, Velocity, LearningRate, np.float64(mu))
+
+
+# adam and adamw (AdamW's `param`: Param * (1 - lr * coeff), the decay taken first). The beta
+# powers' outputs are written by element 0's thread, so the whole update is one launch.
+_ADAM = """
+double correction1 = 1.0 - (double)beta1_pow[0];
+double correction2 = 1.0 - (double)beta2_pow[0];
+T step = (T)((double)lr[0] / correction1);
+T p = {param};
+T m = moment1 * (T)beta1 + grad * (T)(1.0 - beta1);
+T v = moment2 * (T)beta2 + grad * grad * (T)(1.0 - beta2);
+T denom = sqrt(v) / (T)sqrt(correction2) + (T)epsilon;
+moment1_out = m;
+moment2_out = v;
+param_out = p - m / denom * step;
+if (i == 0) {{
+  beta1_pow_out[0] = beta1_pow[0] * (B)beta1;
+  beta2_pow_out[0] = beta2_pow[0] * (B)beta2;
+}}
+"""
+_ADAM_IN = (
+    "T param, T grad, raw L lr, T moment1, T moment2, raw B beta1_pow, raw B beta2_pow, "
+    "float64 beta1, float64 beta2, float64 epsilon"
+)
+_ADAM_OUT = "T param_out, T moment1_out, T moment2_out, raw B beta1_pow_out, raw B beta2_pow_out"
+_ADAM_KERNEL = _cuda_kernel("nestflow_adam", _ADAM_IN, _ADAM_OUT, _ADAM.format(param="param"))
+_ADAMW_KERNEL = _cuda_kernel(
+    "nestflow_adamw",
+    _ADAM_IN + ", float64 coeff",
+    _ADAM_OUT,
+    _ADAM.format(param="param * (T)(1.0 - (double)lr[0] * coeff)"),
+)
+
+
+def _adam_cuda(
+    name, Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, device, *attrs
+):
+    """adam's or adamw's fused update, NotImplemented where the kernel does not cover it."""
+    if not (
+        _fusable(Param, Grad, Moment1, Moment2)
+        and _one_float(LearningRate, Beta1Pow, Beta2Pow)
+        and Beta1Pow.dtype == Beta2Pow.dtype
+    ):
+        return NotImplemented
+    xp = device.xp
+    # Raw outputs (the beta powers) take no shape from the loop: every output is passed in.
+    outs = (
+        xp.empty_like(Param),
+        xp.empty_like(Moment1),
+        xp.empty_like(Moment2),
+        xp.empty_like(Beta1Pow),
+        xp.empty_like(Beta2Pow),
+    )
+    scalars = tuple(np.float64(a) for a in attrs)
+    args = (Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow)
+    return _fused(device, name)(*args, *scalars, *outs)
 
 
 @register_op
@@ -194,6 +330,13 @@ class adam:
             xp.asarray(Beta1Pow * beta1, Beta1Pow.dtype),
             xp.asarray(Beta2Pow * beta2, Beta2Pow.dtype),
         )
+
+    def forward_cuda(
+        Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, device, out=None, **attrs
+    ):
+        # lazy_mode matters for a SelectedRows Grad alone, which the kernel leaves to the body
+        args = (Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, device)
+        return _adam_cuda(_ADAM_KERNEL, *args, attrs["beta1"], attrs["beta2"], attrs["epsilon"])
 
 
 def _lazy_adam(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, xp, **attrs):
@@ -356,6 +499,28 @@ class adadelta:
         return _arrays(xp, dtype, param, avg_grad, avg_update)
 
 
+# maximum as np.maximum takes it: a NaN on either side gives NaN
+_ADAMAX = _cuda_kernel(
+    "nestflow_adamax",
+    "T param, T grad, raw L lr, T moment, T inf_norm, raw B beta1_pow, "
+    "float64 beta1, float64 beta2, float64 epsilon",
+    "T param_out, T moment_out, T inf_norm_out, raw B beta1_pow_out",
+    """
+T m = moment * (T)beta1 + grad * (T)(1.0 - beta1);
+T decayed = inf_norm * (T)beta2;
+T bound = fabs(grad) + (T)epsilon;
+T u = (decayed > bound || decayed != decayed) ? decayed : bound;
+T step = (T)((double)lr[0] / (1.0 - (double)beta1_pow[0]));
+moment_out = m;
+inf_norm_out = u;
+param_out = param - step * (m / u);
+if (i == 0) {
+  beta1_pow_out[0] = beta1_pow[0] * (B)beta1;
+}
+""",
+)
+
+
 @register_op
 class adamax:
     """torch.optim.Adamax with Fluid's slots and attrs: MomentOut = beta1 * Moment +
@@ -383,6 +548,22 @@ class adamax:
         beta1_pow = xp.asarray(Beta1Pow * beta1, Beta1Pow.dtype)
         return (*_arrays(xp, dtype, param, moment, inf_norm), beta1_pow)
 
+    def forward_cuda(
+        Param, Grad, LearningRate, Moment, InfNorm, Beta1Pow, beta1, beta2, epsilon, device
+    ):
+        if not (_fusable(Param, Grad, Moment, InfNorm) and _one_float(LearningRate, Beta1Pow)):
+            return NotImplemented
+        xp = device.xp
+        outs = (
+            xp.empty_like(Param),
+            xp.empty_like(Moment),
+            xp.empty_like(InfNorm),
+            xp.empty_like(Beta1Pow),
+        )
+        scalars = (np.float64(beta1), np.float64(beta2), np.float64(epsilon))
+        args = (Param, Grad, LearningRate, Moment, InfNorm, Beta1Pow)
+        return _fused(device, _ADAMAX)(*args, *scalars, *outs)
+
 
 @register_op
 class adamw:
@@ -407,6 +588,46 @@ class adamw:
         return adam.forward(
             decayed, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, xp, out, **attrs
         )
+
+    def forward_cuda(
+        Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, device, out=None, **attrs
+    ):
+        args = (Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, device)
+        scalars = (attrs["beta1"], attrs["beta2"], attrs["epsilon"], attrs["coeff"])
+        return _adam_cuda(_ADAMW_KERNEL, *args, *scalars)
+
+
+# lamb's elementwise parts: the moments and the update direction r, then the step along r.
+_LAMB_MOMENTS = _cuda_kernel(
+    "nestflow_lamb_moments",
+    "T param, T grad, T moment1, T moment2, raw B beta1_pow, raw B beta2_pow, "
+    "float64 beta1, float64 beta2, float64 epsilon, float64 weight_decay",
+    "T moment1_out, T moment2_out, T r, raw B beta1_pow_out, raw B beta2_pow_out",
+    """
+T m = moment1 * (T)beta1 + grad * (T)(1.0 - beta1);
+T v = moment2 * (T)beta2 + grad * grad * (T)(1.0 - beta2);
+T m_hat = m / (T)(1.0 - (double)beta1_pow[0]);
+T v_hat = v / (T)(1.0 - (double)beta2_pow[0]);
+moment1_out = m;
+moment2_out = v;
+r = m_hat / (sqrt(v_hat) + (T)epsilon) + param * (T)weight_decay;
+if (i == 0) {
+  beta1_pow_out[0] = beta1_pow[0] * (B)beta1;
+  beta2_pow_out[0] = beta2_pow[0] * (B)beta2;
+}
+""",
+)
+_LAMB_STEP = _cuda_kernel(
+    "nestflow_lamb_step",
+    "T param, T r, raw T param_sq, raw T r_sq, raw L lr",
+    "T param_out",
+    """
+T param_norm = sqrt(param_sq[0]);
+T r_norm = sqrt(r_sq[0]);
+T trust = (param_norm > 0 && r_norm > 0) ? param_norm / r_norm : (T)1;
+param_out = param - (T)lr[0] * trust * r;
+""",
+)
 
 
 @register_op
@@ -448,3 +669,29 @@ class lamb:
             xp.asarray(Beta1Pow * beta1, Beta1Pow.dtype),
             xp.asarray(Beta2Pow * beta2, Beta2Pow.dtype),
         )
+
+    def forward_cuda(
+        Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, device, **attrs
+    ):
+        if not (
+            _fusable(Param, Grad, Moment1, Moment2)
+            and _one_float(LearningRate, Beta1Pow, Beta2Pow)
+            and Beta1Pow.dtype == Beta2Pow.dtype
+        ):
+            return NotImplemented
+        xp = device.xp
+        outs = (
+            xp.empty_like(Moment1),
+            xp.empty_like(Moment2),
+            xp.empty_like(Param),
+            xp.empty_like(Beta1Pow),
+            xp.empty_like(Beta2Pow),
+        )
+        scalars = tuple(np.float64(attrs[k]) for k in ("beta1", "beta2", "epsilon", "weight_decay"))
+        m, v, r, beta1_pow, beta2_pow = _fused(device, _LAMB_MOMENTS)(
+            Param, Grad, Moment1, Moment2, Beta1Pow, Beta2Pow, *scalars, *outs
+        )
+        # The norms are reductions: the trust ratio is taken from their sums on the device.
+        param_sq, r_sq = xp.sum(xp.square(Param)), xp.sum(xp.square(r))
+        param = _fused(device, _LAMB_STEP)(Param, r, param_sq, r_sq, LearningRate)
+        return param, m, v, beta1_pow, beta2_pow

@@ -107,6 +107,81 @@ def _lstm_gates(xp, X: np.ndarray, forget_bias: float) -> np.ndarray:
     return act
 
 
+# The fused CUDA kernels (`forward_cuda`, `backward_cuda`): cupy.ElementwiseKernel arguments by
+# kernel name. Each runs over the [..., D] state, one thread per (row, column), and reads that
+# column of every gate in the row of X (`raw`, indexed by hand). They compute the activations
+# again rather than keep them, as a fused launch costs less than the memory `_GATES` holds.
+CUDA_KERNELS: dict[str, tuple[str, str, str]] = {}
+
+
+def _cuda_kernel(name: str, in_params: str, out_params: str, operation: str) -> str:
+    CUDA_KERNELS[name] = (in_params, out_params, operation)
+    return name
+
+
+def _fused(device, name: str):
+    return device.elementwise(name, *CUDA_KERNELS[name])
+
+
+def _fusable(*arrays) -> bool:
+    """Whether the fused kernels take these inputs: non-empty float32/float64 arrays of one
+    dtype."""
+    dtype = arrays[0].dtype
+    return (
+        dtype.name in ("float32", "float64")
+        and arrays[0].size > 0
+        and all(a.dtype == dtype for a in arrays)
+    )
+
+
+# The gates of the element at (row, col) of C: X's row holds [i, f, o, g], `width` (D) each.
+_LSTM_GATES = """
+ptrdiff_t col = i % width;
+ptrdiff_t at = (i - col) * 4 + col;
+T gi = 1 / (1 + exp(-x[at]));
+T gf = 1 / (1 + exp(-(x[at + width] + (T)forget_bias)));
+T go = 1 / (1 + exp(-x[at + 2 * width]));
+T gg = tanh(x[at + 3 * width]);
+"""
+_LSTM = _cuda_kernel(
+    "nestflow_lstm_unit",
+    "raw T x, T c_prev, int64 width, float64 forget_bias",
+    "T c, T h",
+    _LSTM_GATES
+    + """
+T cell = c_prev * gf + gi * gg;
+c = cell;
+h = tanh(cell) * go;
+""",
+)
+
+
+def _lstm_grad_kernel(c_grad: bool, h_grad: bool) -> str:
+    """The gradient kernel for the upstream gradients present (C's, H's or both)."""
+    grads = ", T c_grad" * c_grad + ", T h_grad" * h_grad
+    dc = " + ".join(["h_grad * go * (1 - tc * tc)"] * h_grad + ["c_grad"] * c_grad)
+    return _cuda_kernel(
+        "nestflow_lstm_unit_grad" + "_c" * c_grad + "_h" * h_grad,
+        "raw T x, T c_prev, T c" + grads + ", int64 width, float64 forget_bias",
+        "raw T dx, T dc_prev",
+        _LSTM_GATES
+        + f"""
+T tc = tanh(c);
+T dc = {dc};
+dx[at] = dc * gg * (gi * (1 - gi));
+dx[at + width] = dc * c_prev * (gf * (1 - gf));
+dx[at + 2 * width] = {"h_grad * tc * (go * (1 - go))" if h_grad else "0"};
+dx[at + 3 * width] = dc * gi * (1 - gg * gg);
+dc_prev = dc * gf;
+""",
+    )
+
+
+_LSTM_GRADS = {
+    (c, h): _lstm_grad_kernel(c, h) for c, h in ((True, True), (True, False), (False, True))
+}
+
+
 @register_op
 class lstm_unit:
     """C = C_prev * sigmoid(f + forget_bias) + sigmoid(i) * tanh(g); H = tanh(C) * sigmoid(o),
@@ -149,6 +224,12 @@ class lstm_unit:
         _GATES.put(c, X, (act, tanh_c))
         return c, h
 
+    def forward_cuda(X, C_prev, forget_bias, device):
+        if not (_fusable(C_prev, X) and X.shape == (*C_prev.shape[:-1], 4 * C_prev.shape[-1])):
+            return NotImplemented
+        width = np.int64(C_prev.shape[-1])
+        return _fused(device, _LSTM)(X, C_prev, width, np.float64(forget_bias))
+
     def backward(X, C_prev, C, H, C_grad, H_grad, forget_bias, needs=(True, True), *, xp):
         kept = _GATES.take(C, X)
         if kept is None:
@@ -181,6 +262,23 @@ class lstm_unit:
             dprev = dc
         return dx, dprev
 
+    def backward_cuda(X, C_prev, C, H, C_grad, H_grad, forget_bias, needs=(True, True), *, device):
+        grads = [g for g in (C_grad, H_grad) if g is not None]
+        if not (
+            grads
+            and _fusable(C, C_prev, X, *grads)
+            and C_prev.shape == C.shape
+            and X.shape == (*C.shape[:-1], 4 * C.shape[-1])
+            and all(g.shape == C.shape for g in grads)
+        ):
+            return NotImplemented
+        xp = device.xp
+        kernel = _fused(device, _LSTM_GRADS[C_grad is not None, H_grad is not None])
+        dx, dprev = xp.empty(X.shape, X.dtype), xp.empty(C.shape, C.dtype)
+        width = np.int64(C.shape[-1])
+        kernel(X, C_prev, C, *grads, width, np.float64(forget_bias), dx, dprev)
+        return (dx if needs[0] else None), (dprev if needs[1] else None)
+
 
 def _gru_gates(xp, X, HiddenProj, Bias):
     """r, z, the candidate n and the hidden part of its pre-activation (W_hn h + b_hn)."""
@@ -192,6 +290,75 @@ def _gru_gates(xp, X, HiddenProj, Bias):
     hn = hidden[..., 2 * d :]
     n = _tanh(xp, X[..., 2 * d :] + r * hn)
     return r, z, n, hn
+
+
+# r, z, n and the hidden part of n's pre-activation at (row, col) of HiddenPrev: the rows of X
+# and HiddenProj hold [r, z, n], `width` (D) each; `{bias}` is the term Bias adds (or none).
+_GRU_GATES = """
+ptrdiff_t col = i % width;
+ptrdiff_t at = (i - col) * 3 + col;
+T pr = proj[at]{bias_r};
+T pz = proj[at + width]{bias_z};
+T pn = proj[at + 2 * width]{bias_n};
+T r = 1 / (1 + exp(-(x[at] + pr)));
+T z = 1 / (1 + exp(-(x[at + width] + pz)));
+T n = tanh(x[at + 2 * width] + r * pn);
+"""
+
+
+def _gru_kernel(name: str, in_params: str, out_params: str, body: str, bias: bool) -> str:
+    terms = dict(bias_r="", bias_z="", bias_n="")
+    if bias:
+        in_params += ", raw T bias"
+        terms = dict(
+            bias_r=" + bias[col]", bias_z=" + bias[col + width]", bias_n=" + bias[col + 2 * width]"
+        )
+    return _cuda_kernel(
+        name + "_bias" * bias, in_params, out_params, _GRU_GATES.format(**terms) + body
+    )
+
+
+_GRU = {
+    bias: _gru_kernel(
+        "nestflow_gru_cell",
+        "raw T x, raw T proj, T h_prev, int64 width",
+        "T hidden",
+        "hidden = (h_prev - n) * z + n;",
+        bias,
+    )
+    for bias in (False, True)
+}
+_GRU_GRAD = {
+    bias: _gru_kernel(
+        "nestflow_gru_cell_grad",
+        "raw T x, raw T proj, T h_prev, T h_grad, int64 width",
+        "raw T dx, raw T dproj, T dh_prev",
+        """
+T dn = h_grad * (1 - z) * (1 - n * n);
+T dz = h_grad * (h_prev - n) * (z * (1 - z));
+T dr = dn * pn * (r * (1 - r));
+dx[at] = dr;
+dx[at + width] = dz;
+dx[at + 2 * width] = dn;
+dproj[at] = dr;
+dproj[at + width] = dz;
+dproj[at + 2 * width] = dn * r;
+dh_prev = h_grad * z;
+""",
+        bias,
+    )
+    for bias in (False, True)
+}
+
+
+def _gru_fusable(X, HiddenProj, HiddenPrev, Bias, *more) -> bool:
+    d = HiddenPrev.shape[-1] if HiddenPrev.ndim else -1
+    return (
+        _fusable(HiddenPrev, X, HiddenProj, *more, *([Bias] if Bias is not None else []))
+        and X.shape == HiddenProj.shape == (*HiddenPrev.shape[:-1], 3 * d)
+        and (Bias is None or Bias.shape == (3 * d,))
+        and all(a.shape == HiddenPrev.shape for a in more)
+    )
 
 
 @register_op
@@ -235,6 +402,13 @@ class gru_cell:
         _GATES.put(out, X, gates)
         return out
 
+    def forward_cuda(X, HiddenProj, HiddenPrev, Bias, device):
+        if not _gru_fusable(X, HiddenProj, HiddenPrev, Bias):
+            return NotImplemented
+        kernel = _fused(device, _GRU[Bias is not None])
+        bias = () if Bias is None else (Bias,)
+        return kernel(X, HiddenProj, HiddenPrev, np.int64(HiddenPrev.shape[-1]), *bias)
+
     def backward(X, HiddenProj, HiddenPrev, Bias, Hidden, Hidden_grad, needs=(True,) * 4, *, xp):
         kept = _GATES.take(Hidden, X)
         r, z, n, hn = kept if kept is not None else _gru_gates(xp, X, HiddenProj, Bias)
@@ -253,3 +427,25 @@ class gru_cell:
         if needs[3] and Bias is not None:
             dbias = dproj.reshape(-1, 3 * d).sum(axis=0).reshape(Bias.shape)
         return (dx if needs[0] else None), (dproj if needs[1] else None), dprev, dbias
+
+    def backward_cuda(
+        X, HiddenProj, HiddenPrev, Bias, Hidden, Hidden_grad, needs=(True,) * 4, *, device
+    ):
+        if Hidden_grad is None or not _gru_fusable(X, HiddenProj, HiddenPrev, Bias, Hidden_grad):
+            return NotImplemented
+        xp = device.xp
+        kernel = _fused(device, _GRU_GRAD[Bias is not None])
+        dx, dproj = xp.empty(X.shape, X.dtype), xp.empty(X.shape, X.dtype)
+        dprev = xp.empty(HiddenPrev.shape, HiddenPrev.dtype)
+        bias = () if Bias is None else (Bias,)
+        width = np.int64(HiddenPrev.shape[-1])
+        kernel(X, HiddenProj, HiddenPrev, Hidden_grad, width, *bias, dx, dproj, dprev)
+        dbias = None
+        if needs[3] and Bias is not None:
+            dbias = dproj.reshape(-1, X.shape[-1]).sum(axis=0).reshape(Bias.shape)
+        return (
+            (dx if needs[0] else None),
+            (dproj if needs[1] else None),
+            (dprev if needs[2] else None),
+            dbias,
+        )

@@ -481,15 +481,23 @@ class lookup_table:
             raise AttrError(f"padding_idx {padding_idx} is outside W {list(W.shape)}'s rows")
         return VarInfo(_ids_shape(Ids.shape) + (W.shape[1],), W.dtype)
 
-    def forward(W, Ids, padding_idx, is_sparse, is_distributed):
+    def forward(W, Ids, padding_idx, is_sparse, is_distributed, device):
         ids = Ids.reshape(_ids_shape(Ids.shape))
-        # One host read the op needs: a device wraps bad ids around where they must raise.
-        if ids.size and bool((ids.min() < 0) | (ids.max() >= W.shape[0])):
-            bad = ids[(ids < 0) | (ids >= W.shape[0])]
-            raise ExecutionError(
-                f"Ids hold {bad[:5].tolist()} outside the table's rows [0, {W.shape[0]}) "
+        rows = W.shape[0]
+
+        def message() -> str:
+            bad = ids[(ids < 0) | (ids >= rows)]
+            return (
+                f"Ids hold {bad[:5].tolist()} outside the table's rows [0, {rows}) "
                 f"(W {list(W.shape)}, Ids {list(Ids.shape)})"
             )
+
+        # A device wraps bad ids around where they must raise: checked after its run there
+        # (DeviceContext.check), on the host at once with two reductions.
+        if ids.size and device.defers_checks:
+            device.check(((ids < 0) | (ids >= rows)).any(), message)
+        elif ids.size and bool((ids.min() < 0) | (ids.max() >= rows)):
+            raise ExecutionError(message())
         out = W[ids]
         if padding_idx != -1:
             out[ids == padding_idx] = 0

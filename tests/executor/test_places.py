@@ -662,3 +662,53 @@ def _conv_program():
         loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, label))
         nf.optimizer.Momentum(0.01, 0.9).minimize(loss)
     return main, startup, loss
+
+
+@pytest.mark.parametrize("place", DEVICE_PLACES, ids=repr)
+def test_an_embedding_id_out_of_range_fails_the_run_on_a_device(place):
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        ids = nf.data("ids", [-1, 1], "int64")
+        emb = nf.layers.embedding(ids, size=[5, 3])
+        picked = nf.layers.gather(emb, nf.data("rows", [-1], "int64"))
+    exe, scope = nf.Executor(place), nf.Scope()
+    exe.run(startup, scope=scope)
+    good = {"ids": np.array([[0], [4]]), "rows": np.array([1, 0])}
+    assert exe.run(main, good, [picked], scope=scope)[0].shape == (2, 3)
+    with pytest.raises(nf.errors.ExecutionError, match=r"Ids hold \[5\] outside the table"):
+        exe.run(main, dict(good, ids=np.array([[0], [5]])), [picked], scope=scope)
+    with pytest.raises(nf.errors.ExecutionError, match="gather from X .* index 2 at position"):
+        exe.run(main, dict(good, rows=np.array([1, 2])), [picked], scope=scope)
+
+
+def test_which_blocks_a_cuda_graph_can_capture():
+    """Random ops (a replay would repeat their draws) and control flow (sub-blocks in scopes
+    of their own, host reads) keep a program uncaptured; dropout at rate 0 or in test mode
+    draws nothing."""
+    from nestflow.executor.cuda_graph import _block_refusal
+
+    def refusal(program):
+        return _block_refusal(nf.Executor._plan(program))
+
+    assert refusal(_mlp_program()[0]) is None
+    assert "op 'dropout' draws random numbers" in refusal(_mlp_program(dropout=True)[0])
+    main = nf.Program()
+    with nf.program_guard(main, nf.Program()):
+        x = nf.data("x", [-1, 4])
+        nf.layers.dropout(x, 0.5, is_test=True)
+        nf.layers.dropout(x, 0.0)
+    assert refusal(main) is None
+    main = nf.Program()
+    with nf.program_guard(main, nf.Program()):
+        i = nf.layers.fill_constant([1], "int64", 0)
+        cond = nf.layers.less_than(i, nf.layers.fill_constant([1], "int64", 3))
+        loop = nf.layers.While(cond)
+        with loop.block():
+            nf.layers.increment(i, in_place=True)
+            nf.layers.assign(nf.layers.less_than(i, nf.layers.fill_constant([1], "int64", 3)), cond)
+    assert "control flow" in refusal(main)
+    assert (
+        nf.Executor(nf.CPUPlace(), cuda_graph=True)
+        .why_not_captured(main)
+        .startswith("cuda_graph is off")
+    )
