@@ -42,6 +42,11 @@ class ExecutionStrategy:
     cuda_graph: on CUDAPlace, capture a program's block as a CUDA graph on its second run
     with the same feed shapes and fetches, and replay it after that (see
     nestflow.executor.cuda_graph); off by default. Other places ignore it.
+
+    >>> strategy = nf.ExecutionStrategy(cuda_graph=True)
+    >>> exe = nf.Executor(nf.CPUPlace(), execution_strategy=strategy)
+    >>> exe.why_not_captured()  # the CPU runs every program uncaptured
+    'cuda_graph is off (or the place is not CUDAPlace)'
     """
 
     cuda_graph: bool = False
