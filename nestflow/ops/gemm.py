@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from nestflow.core.device_context import array_module
+from nestflow.core.device_context import array_module, chunk_grain, device_context
 
 # Rows of X and dOut per BLAS call in matmul_tn: of 64, 128 and 256, 128 was fastest on every
 # weight-gradient shape measured (outputs 64x128 to 784x256, 256 to 4,096 rows).
@@ -117,6 +117,57 @@ def _numpy_openblas_kernels() -> str:
     return str(infos[0].get("architecture") or "").lower() if infos else ""
 
 
+# A product is split across the CPU's intra-op pool into chunks of at least this many
+# multiply-adds (about 0.15 ms of single-threaded sgemm), at most POOLED_MAX_CHUNKS of them.
+POOLED_MIN_WORK = 1 << 24
+POOLED_MAX_CHUNKS = 4
+# A product summing fewer terms than this writes more than it computes (Winograd's filter
+# gradient on 4x4 images: [36, 512, 32] x [36, 32, 512]); split, it ran slower at 2 threads
+# than whole at 1 (16.4 ms against 7.4), so it stays one call.
+POOLED_MIN_DEPTH = 64
+
+
+def pooled_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b split across the CPU's intra-op pool: a stack of products by its leading axis
+    (each product whole: the same bits as one call), a single one by its larger output axis
+    into blocks of rows or columns. The split depends on the shapes alone, never on the thread
+    count (so the bits do not either); inside a pool task (a conv already split by its batch)
+    the chunks run on the calling thread. Small products and device arrays get one call.
+    The products a conv runs on a handful of images (ResNet's 4x4 and 8x8 layers, a batch
+    too small to split) are where this gives the pool work."""
+    xp = array_module(a, b)
+    if xp is not np or a.ndim < 2 or b.ndim < 2:
+        return xp.matmul(a, b)
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    work = int(np.prod(shape, dtype=np.int64)) * a.shape[-1]
+    if work < 2 * POOLED_MIN_WORK or a.shape[-1] < POOLED_MIN_DEPTH:
+        return np.matmul(a, b)
+    out = np.empty(shape, np.result_type(a, b))
+    if len(shape) > 2 and shape[0] > 1 and a.shape[:-2] == b.shape[:-2] == shape[:-2]:
+        axis_size = shape[0]
+
+        def body(start: int, stop: int) -> None:
+            np.matmul(a[start:stop], b[start:stop], out=out[start:stop])
+
+    elif shape[-2] >= shape[-1]:
+        axis_size = shape[-2]
+
+        def body(start: int, stop: int) -> None:
+            np.matmul(a[..., start:stop, :], b, out=out[..., start:stop, :])
+
+    else:
+        axis_size = shape[-1]
+
+        def body(start: int, stop: int) -> None:
+            np.matmul(a, b[..., start:stop], out=out[..., start:stop])
+
+    grain = chunk_grain(axis_size, work // axis_size, POOLED_MIN_WORK, POOLED_MAX_CHUNKS)
+    if grain >= axis_size:
+        return np.matmul(a, b, out=out)
+    device_context().parallel_for(axis_size, body, grain)
+    return out
+
+
 def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a [..., M, K] times b [..., N, K] transposed: [..., M, N] (a transposed view when
     M < N, so the larger of M, N becomes the rows). A long K into a small output (a filter
@@ -130,8 +181,8 @@ def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     chunked = b.shape[-2] >= 16 and k > 4 * a.shape[-2] and xp is np and long_axes_in_pieces()
     pieces = max(1, -(-k // NT_PIECE)) if chunked else 1
     size = max(1, -(-k // pieces))
-    total = xp.matmul(a[..., :size], xp.swapaxes(b[..., :size], -1, -2))
+    total = pooled_matmul(a[..., :size], xp.swapaxes(b[..., :size], -1, -2))
     for start in range(size, k, size):
         part = slice(start, start + size)
-        total += xp.matmul(a[..., part], xp.swapaxes(b[..., part], -1, -2))
+        total += pooled_matmul(a[..., part], xp.swapaxes(b[..., part], -1, -2))
     return total

@@ -37,7 +37,7 @@ from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import conv_cuda, winograd
 from nestflow.ops.activation import shared_zeros
-from nestflow.ops.gemm import matmul_nt
+from nestflow.ops.gemm import matmul_nt, pooled_matmul
 from nestflow.ops.registry import Required, VarInfo, bilinear_double, fail, register_op
 
 __all__: list[str] = []
@@ -566,7 +566,7 @@ def _unfinished_conv(x, w, geo: _ConvGeometry, kernel: str, out_hw) -> tuple[np.
         out = matmul_nt(xp.swapaxes(cols, 1, 2), filters)
         out = out.reshape((g,) + out_hw + (n, m // g)).transpose(3, 0, 4, 1, 2)
     else:  # [M/g, N * OH * OW] per group (as fast here): NCHW in runs of OH * OW
-        out = xp.matmul(filters, cols).reshape((g, m // g, n) + out_hw).transpose(2, 0, 1, 3, 4)
+        out = pooled_matmul(filters, cols).reshape((g, m // g, n) + out_hw).transpose(2, 0, 1, 3, 4)
     return xp.ascontiguousarray(out).reshape((n, m) + out_hw), (((kh, kw), geo), cols)
 
 
@@ -592,7 +592,7 @@ def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None
     grad_g = _grouped_grad(grad, geo) if grad_g is None else grad_g
     wt = w.reshape(g, m // g, cg * kh * kw).transpose(0, 2, 1)
     layout, out_hw = _layout(geo), grad.shape[2:]
-    cols = xp.matmul(wt, grad_g).reshape((g * cg, kh, kw) + layout.shape(grad.shape[0], out_hw))
+    cols = pooled_matmul(wt, grad_g).reshape((g * cg, kh, kw) + layout.shape(grad.shape[0], out_hw))
     top, bottom, left, right = geo.pads
     h, wd = in_hw
     padded = _col2im(cols, (h + top + bottom, wd + left + right), geo, out_hw)

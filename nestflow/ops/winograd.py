@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from nestflow.core.device_context import array_module
-from nestflow.ops.gemm import matmul_nt
+from nestflow.ops.gemm import matmul_nt, pooled_matmul
 
 _BT = np.array(
     [
@@ -115,7 +115,9 @@ def input_transform(x: np.ndarray, pads, out_hw) -> np.ndarray:
     bh, bw = _blocks(out_hw)
     padded = _hwn(x, pads[0], pads[2], (_OUT * bh + 2, _OUT * bw + 2))
     d = _tiles(padded, _TILE, (bh, bw))
-    return (_constant(_INPUT, x) @ d).reshape(_TILE * _TILE, x.shape[1], bh * bw * x.shape[0])
+    return pooled_matmul(_constant(_INPUT, x), d).reshape(
+        _TILE * _TILE, x.shape[1], bh * bw * x.shape[0]
+    )
 
 
 def conv(x: np.ndarray, w: np.ndarray, pads) -> tuple[np.ndarray, np.ndarray]:
@@ -129,8 +131,8 @@ def conv(x: np.ndarray, w: np.ndarray, pads) -> tuple[np.ndarray, np.ndarray]:
     # in the data's dtype: a float64 transform of a 512x512 filter costs more than the
     # products on a batch of 7x7 images, and float32 rounds it to ~3e-8 relative
     u = (_constant(_FILTER, x) @ w.reshape(m * c, 9).T).reshape(_TILE * _TILE, m, c)
-    products = u @ v  # [36, M, bh * bw * N]
-    y = (_constant(_OUTPUT, x) @ products.reshape(_TILE * _TILE, m * bh * bw * n)).reshape(
+    products = pooled_matmul(u, v)  # [36, M, bh * bw * N]
+    y = pooled_matmul(_constant(_OUTPUT, x), products.reshape(_TILE * _TILE, -1)).reshape(
         _OUT, _OUT, m, bh, bw, n
     )
     out = y.transpose(5, 2, 3, 0, 4, 1).reshape(n, m, _OUT * bh, _OUT * bw)
@@ -152,7 +154,9 @@ def filter_grad(v: np.ndarray, grad: np.ndarray) -> np.ndarray:
     bh, bw = _blocks((oh, ow))
     gp = _hwn(grad, 0, 0, (_OUT * bh, _OUT * bw))
     tiles = _tiles(gp, _OUT, (bh, bw))
-    transformed = (_constant(_OUTPUT, grad).T @ tiles).reshape(_TILE * _TILE, m, bh * bw * n)
+    transformed = pooled_matmul(_constant(_OUTPUT, grad).T, tiles).reshape(
+        _TILE * _TILE, m, bh * bw * n
+    )
     z = matmul_nt(transformed, v)  # [36, M, C]
     c = v.shape[1]
     dw = (_constant(_FILTER, grad).T @ z.reshape(_TILE * _TILE, m * c)).reshape(3, 3, m, c)

@@ -138,3 +138,52 @@ def test_device_arrays_get_one_product_of_their_place(monkeypatch):
     assert all(type(r) is standin.StandInArray for r in got)
     for r, want in zip(got, (x.T @ g, a @ b.T, b @ a.T, x.T @ g)):
         np.testing.assert_allclose(r.get(), want, rtol=1e-12, atol=1e-11)
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [
+        ((8, 96, 200), (8, 200, 700)),  # a stack: split by its leading axis
+        ((1100, 200), (200, 300)),  # more rows than columns: split by rows
+        ((300, 200), (200, 1100)),  # split by columns
+    ],
+)
+def test_pooled_matmul_has_the_same_bits_at_any_thread_count(a_shape, b_shape):
+    """The split depends on the shapes alone: 1 and 3 threads give the same bits, a stack's
+    products are each one whole call (NumPy's own bits), a split product agrees with one call
+    to float32 rounding."""
+    import nestflow as nf
+    from nestflow.ops.gemm import pooled_matmul
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    budget = nf.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 3):
+            nf.set_num_threads(threads)
+            results.append(pooled_matmul(a, b))
+        nf.set_num_threads(1)  # one call to single-threaded BLAS, as each chunk's
+        whole = np.matmul(a, b)
+    finally:
+        nf.set_num_threads(budget)
+    np.testing.assert_array_equal(results[0], results[1])
+    if len(a_shape) == 3:
+        np.testing.assert_array_equal(results[0], whole)
+    else:
+        np.testing.assert_allclose(results[0], whole, rtol=1e-5, atol=1e-4)
+
+
+def test_pooled_matmul_leaves_short_sums_and_small_products_to_one_call(monkeypatch):
+    from nestflow.ops.gemm import pooled_matmul
+
+    calls = []
+    matmul = np.matmul
+    monkeypatch.setattr(np, "matmul", lambda *a, **k: calls.append(1) or matmul(*a, **k))
+    rng = np.random.default_rng(0)
+    for a_shape, b_shape in (((36, 512, 32), (36, 32, 512)), ((64, 64), (64, 64))):
+        a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+        calls.clear()
+        np.testing.assert_array_equal(pooled_matmul(a, b), matmul(a, b))
+        assert len(calls) == 1
