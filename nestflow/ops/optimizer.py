@@ -29,7 +29,7 @@ import numpy as np
 from nestflow.core.dtype import is_floating
 from nestflow.core.selected_rows import SelectedRows
 from nestflow.errors import DTypeError
-from nestflow.ops.registry import VarInfo, fail, register_op
+from nestflow.ops.registry import VarInfo, cuda_elementwise, fail, fused_kernel, register_op
 
 
 def _check_update(Param: VarInfo, Grad: VarInfo, LearningRate: VarInfo, **state: VarInfo) -> None:
@@ -71,22 +71,11 @@ def _scalar(value, dtype, xp) -> np.ndarray:
     return xp.asarray(value, dtype=dtype).reshape(())
 
 
-# The fused CUDA kernels (`forward_cuda`): cupy.ElementwiseKernel arguments by kernel name. Each
+# The fused CUDA kernels (`forward_cuda`, defined by registry.cuda_elementwise): each
 # computes its op's update in one launch, in the xp body's order of operations; T is Param's
 # dtype, L LearningRate's and B the beta powers'. The one-element inputs are read in the kernel
 # (`raw`, element 0), never on the host, and the bias corrections are taken in double, as the
 # body takes them in float64.
-CUDA_KERNELS: dict[str, tuple[str, str, str]] = {}
-
-
-def _cuda_kernel(name: str, in_params: str, out_params: str, operation: str) -> str:
-    CUDA_KERNELS[name] = (in_params, out_params, operation)
-    return name
-
-
-def _fused(device, name: str):
-    return device.elementwise(name, *CUDA_KERNELS[name])
-
 
 _FLOATS = ("float32", "float64")
 
@@ -107,7 +96,7 @@ def _one_float(*arrays) -> bool:
     return all(a.dtype.name in _FLOATS and a.size == 1 for a in arrays)
 
 
-_SGD = _cuda_kernel(
+_SGD = cuda_elementwise(
     "nestflow_sgd",
     "T param, T grad, raw L lr",
     "T param_out",
@@ -143,7 +132,7 @@ class sgd:
     def forward_cuda(Param, Grad, LearningRate, device, out=None):
         if not (_fusable(Param, Grad) and _one_float(LearningRate)):
             return NotImplemented
-        return _fused(device, _SGD)(Param, Grad, LearningRate)
+        return fused_kernel(device, _SGD)(Param, Grad, LearningRate)
 
 
 _MOMENTUM = """
@@ -152,13 +141,13 @@ T v = velocity * m + grad;
 velocity_out = v;
 """
 _MOMENTUM_KERNELS = {
-    False: _cuda_kernel(
+    False: cuda_elementwise(
         "nestflow_momentum",
         "T param, T grad, T velocity, raw L lr, float64 mu",
         "T param_out, T velocity_out",
         _MOMENTUM + "param_out = param - v * (T)lr[0];",
     ),
-    True: _cuda_kernel(
+    True: cuda_elementwise(
         "nestflow_momentum_nesterov",
         "T param, T grad, T velocity, raw L lr, float64 mu",
         "T param_out, T velocity_out",
@@ -202,7 +191,7 @@ class momentum:
     def forward_cuda(Param, Grad, Velocity, LearningRate, mu, use_nesterov, device, out=None):
         if not (_fusable(Param, Grad, Velocity) and _one_float(LearningRate)):
             return NotImplemented
-        kernel = _fused(device, _MOMENTUM_KERNELS[bool(use_nesterov)])
+        kernel = fused_kernel(device, _MOMENTUM_KERNELS[bool(use_nesterov)])
         return kernel(Param, Grad, Velocity, LearningRate, np.float64(mu))
 
 
@@ -229,8 +218,8 @@ _ADAM_IN = (
     "float64 beta1, float64 beta2, float64 epsilon"
 )
 _ADAM_OUT = "T param_out, T moment1_out, T moment2_out, raw B beta1_pow_out, raw B beta2_pow_out"
-_ADAM_KERNEL = _cuda_kernel("nestflow_adam", _ADAM_IN, _ADAM_OUT, _ADAM.format(param="param"))
-_ADAMW_KERNEL = _cuda_kernel(
+_ADAM_KERNEL = cuda_elementwise("nestflow_adam", _ADAM_IN, _ADAM_OUT, _ADAM.format(param="param"))
+_ADAMW_KERNEL = cuda_elementwise(
     "nestflow_adamw",
     _ADAM_IN + ", float64 coeff",
     _ADAM_OUT,
@@ -259,7 +248,7 @@ def _adam_cuda(
     )
     scalars = tuple(np.float64(a) for a in attrs)
     args = (Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow)
-    return _fused(device, name)(*args, *scalars, *outs)
+    return fused_kernel(device, name)(*args, *scalars, *outs)
 
 
 @register_op
@@ -500,7 +489,7 @@ class adadelta:
 
 
 # maximum as np.maximum takes it: a NaN on either side gives NaN
-_ADAMAX = _cuda_kernel(
+_ADAMAX = cuda_elementwise(
     "nestflow_adamax",
     "T param, T grad, raw L lr, T moment, T inf_norm, raw B beta1_pow, "
     "float64 beta1, float64 beta2, float64 epsilon",
@@ -562,7 +551,7 @@ class adamax:
         )
         scalars = (np.float64(beta1), np.float64(beta2), np.float64(epsilon))
         args = (Param, Grad, LearningRate, Moment, InfNorm, Beta1Pow)
-        return _fused(device, _ADAMAX)(*args, *scalars, *outs)
+        return fused_kernel(device, _ADAMAX)(*args, *scalars, *outs)
 
 
 @register_op
@@ -598,7 +587,7 @@ class adamw:
 
 
 # lamb's elementwise parts: the moments and the update direction r, then the step along r.
-_LAMB_MOMENTS = _cuda_kernel(
+_LAMB_MOMENTS = cuda_elementwise(
     "nestflow_lamb_moments",
     "T param, T grad, T moment1, T moment2, raw B beta1_pow, raw B beta2_pow, "
     "float64 beta1, float64 beta2, float64 epsilon, float64 weight_decay",
@@ -617,7 +606,7 @@ if (i == 0) {
 }
 """,
 )
-_LAMB_STEP = _cuda_kernel(
+_LAMB_STEP = cuda_elementwise(
     "nestflow_lamb_step",
     "T param, T r, raw T param_sq, raw T r_sq, raw L lr",
     "T param_out",
@@ -688,10 +677,10 @@ class lamb:
             xp.empty_like(Beta2Pow),
         )
         scalars = tuple(np.float64(attrs[k]) for k in ("beta1", "beta2", "epsilon", "weight_decay"))
-        m, v, r, beta1_pow, beta2_pow = _fused(device, _LAMB_MOMENTS)(
+        m, v, r, beta1_pow, beta2_pow = fused_kernel(device, _LAMB_MOMENTS)(
             Param, Grad, Moment1, Moment2, Beta1Pow, Beta2Pow, *scalars, *outs
         )
         # The norms are reductions: the trust ratio is taken from their sums on the device.
         param_sq, r_sq = xp.sum(xp.square(Param)), xp.sum(xp.square(r))
-        param = _fused(device, _LAMB_STEP)(Param, r, param_sq, r_sq, LearningRate)
+        param = fused_kernel(device, _LAMB_STEP)(Param, r, param_sq, r_sq, LearningRate)
         return param, m, v, beta1_pow, beta2_pow

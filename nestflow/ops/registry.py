@@ -367,6 +367,29 @@ def register_op(cls: type) -> type:
     return cls
 
 
+# The fused CUDA ElementwiseKernels ops define (forward_cuda / backward_cuda), by name: their
+# (in_params, out_params, operation), defined once at import next to the op that runs them and
+# built on a GPU on first use (`fused_kernel`); tests compile every one of them.
+CUDA_ELEMENTWISE: dict[str, tuple[str, str, str]] = {}
+
+
+def cuda_elementwise(name: str, in_params: str, out_params: str, operation: str) -> str:
+    """Define the CUDA ElementwiseKernel `name` (unique across ops); returns the name."""
+    if CUDA_ELEMENTWISE.get(name, (in_params, out_params, operation)) != (
+        in_params,
+        out_params,
+        operation,
+    ):
+        raise NestflowError(f"CUDA kernel '{name}' is defined twice")
+    CUDA_ELEMENTWISE[name] = (in_params, out_params, operation)
+    return name
+
+
+def fused_kernel(device: DeviceContext, name: str) -> Any:
+    """The CUDA ElementwiseKernel `name` on `device` (a CUDADeviceContext), built once."""
+    return device.elementwise(name, *CUDA_ELEMENTWISE[name])
+
+
 def place_args(function: Callable, device: DeviceContext | None = None) -> dict[str, Any]:
     """The place arguments `function` (a kernel or `specialize`) declares: `xp`, the array
     module of `device`'s place, and `device`, the DeviceContext itself (default: CPUPlace's).

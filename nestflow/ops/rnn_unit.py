@@ -18,7 +18,7 @@ import numpy as np
 
 from nestflow.core.dtype import is_floating
 from nestflow.errors import DTypeError
-from nestflow.ops.registry import VarInfo, fail, register_op
+from nestflow.ops.registry import VarInfo, cuda_elementwise, fail, fused_kernel, register_op
 
 
 class _GateMemo:
@@ -107,20 +107,10 @@ def _lstm_gates(xp, X: np.ndarray, forget_bias: float) -> np.ndarray:
     return act
 
 
-# The fused CUDA kernels (`forward_cuda`, `backward_cuda`): cupy.ElementwiseKernel arguments by
-# kernel name. Each runs over the [..., D] state, one thread per (row, column), and reads that
+# The fused CUDA kernels (`forward_cuda`, `backward_cuda`, defined by
+# registry.cuda_elementwise): each runs over the [..., D] state, one thread per (row, column), and reads that
 # column of every gate in the row of X (`raw`, indexed by hand). They compute the activations
 # again rather than keep them, as a fused launch costs less than the memory `_GATES` holds.
-CUDA_KERNELS: dict[str, tuple[str, str, str]] = {}
-
-
-def _cuda_kernel(name: str, in_params: str, out_params: str, operation: str) -> str:
-    CUDA_KERNELS[name] = (in_params, out_params, operation)
-    return name
-
-
-def _fused(device, name: str):
-    return device.elementwise(name, *CUDA_KERNELS[name])
 
 
 def _fusable(*arrays) -> bool:
@@ -143,7 +133,7 @@ T gf = 1 / (1 + exp(-(x[at + width] + (T)forget_bias)));
 T go = 1 / (1 + exp(-x[at + 2 * width]));
 T gg = tanh(x[at + 3 * width]);
 """
-_LSTM = _cuda_kernel(
+_LSTM = cuda_elementwise(
     "nestflow_lstm_unit",
     "raw T x, T c_prev, int64 width, float64 forget_bias",
     "T c, T h",
@@ -160,7 +150,7 @@ def _lstm_grad_kernel(c_grad: bool, h_grad: bool) -> str:
     """The gradient kernel for the upstream gradients present (C's, H's or both)."""
     grads = ", T c_grad" * c_grad + ", T h_grad" * h_grad
     dc = " + ".join(["h_grad * go * (1 - tc * tc)"] * h_grad + ["c_grad"] * c_grad)
-    return _cuda_kernel(
+    return cuda_elementwise(
         "nestflow_lstm_unit_grad" + "_c" * c_grad + "_h" * h_grad,
         "raw T x, T c_prev, T c" + grads + ", int64 width, float64 forget_bias",
         "raw T dx, T dc_prev",
@@ -228,7 +218,7 @@ class lstm_unit:
         if not (_fusable(C_prev, X) and X.shape == (*C_prev.shape[:-1], 4 * C_prev.shape[-1])):
             return NotImplemented
         width = np.int64(C_prev.shape[-1])
-        return _fused(device, _LSTM)(X, C_prev, width, np.float64(forget_bias))
+        return fused_kernel(device, _LSTM)(X, C_prev, width, np.float64(forget_bias))
 
     def backward(X, C_prev, C, H, C_grad, H_grad, forget_bias, needs=(True, True), *, xp):
         kept = _GATES.take(C, X)
@@ -273,7 +263,7 @@ class lstm_unit:
         ):
             return NotImplemented
         xp = device.xp
-        kernel = _fused(device, _LSTM_GRADS[C_grad is not None, H_grad is not None])
+        kernel = fused_kernel(device, _LSTM_GRADS[C_grad is not None, H_grad is not None])
         dx, dprev = xp.empty(X.shape, X.dtype), xp.empty(C.shape, C.dtype)
         width = np.int64(C.shape[-1])
         kernel(X, C_prev, C, *grads, width, np.float64(forget_bias), dx, dprev)
@@ -313,7 +303,7 @@ def _gru_kernel(name: str, in_params: str, out_params: str, body: str, bias: boo
         terms = dict(
             bias_r=" + bias[col]", bias_z=" + bias[col + width]", bias_n=" + bias[col + 2 * width]"
         )
-    return _cuda_kernel(
+    return cuda_elementwise(
         name + "_bias" * bias, in_params, out_params, _GRU_GATES.format(**terms) + body
     )
 
@@ -405,7 +395,7 @@ class gru_cell:
     def forward_cuda(X, HiddenProj, HiddenPrev, Bias, device):
         if not _gru_fusable(X, HiddenProj, HiddenPrev, Bias):
             return NotImplemented
-        kernel = _fused(device, _GRU[Bias is not None])
+        kernel = fused_kernel(device, _GRU[Bias is not None])
         bias = () if Bias is None else (Bias,)
         return kernel(X, HiddenProj, HiddenPrev, np.int64(HiddenPrev.shape[-1]), *bias)
 
@@ -434,7 +424,7 @@ class gru_cell:
         if Hidden_grad is None or not _gru_fusable(X, HiddenProj, HiddenPrev, Bias, Hidden_grad):
             return NotImplemented
         xp = device.xp
-        kernel = _fused(device, _GRU_GRAD[Bias is not None])
+        kernel = fused_kernel(device, _GRU_GRAD[Bias is not None])
         dx, dproj = xp.empty(X.shape, X.dtype), xp.empty(X.shape, X.dtype)
         dprev = xp.empty(HiddenPrev.shape, HiddenPrev.dtype)
         bias = () if Bias is None else (Bias,)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import nestflow as nf
-from nestflow.ops import optimizer, rnn_unit
+from nestflow.ops import optimizer, registry, rnn_unit
 from nestflow.ops.registry import get_op_def
 from tests.ops.harness import assert_equal_on_device
 
-KERNELS = {**optimizer.CUDA_KERNELS, **rnn_unit.CUDA_KERNELS}
+KERNELS = registry.CUDA_ELEMENTWISE
 _C_TYPES = {"float32": "float", "float64": "double", "int64": "long long"}
 
 
