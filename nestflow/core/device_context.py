@@ -65,6 +65,9 @@ class DeviceContext:
     runs_cuda_kernels = False
     # whether `check` reads its flag at once (the host) or after the run (a device)
     defers_checks = False
+    # whether an Executor with cuda_graph=True captures blocks here (CUDA; the stand-in
+    # emulates a capture, so the executor's side of it is tested without a GPU)
+    captures_graphs = False
 
     def check(self, failed: Any, message: Callable[[], str]) -> None:
         """Raise ExecutionError(message()) if the 0-d bool array `failed` holds True (a bad
@@ -320,6 +323,7 @@ class StandInDeviceContext(DeviceContext):
         self._standin = standin
 
     defers_checks = True
+    captures_graphs = True
 
     def to_device(self, array: Any) -> Any:
         if type(array) is self._standin.StandInArray:
@@ -390,6 +394,7 @@ class CUDADeviceContext(DeviceContext):
 
     runs_cuda_kernels = True
     defers_checks = True
+    captures_graphs = True
 
     def elementwise(self, name: str, in_params: str, out_params: str, operation: str, **kw):
         """The `cupy.ElementwiseKernel` `name` (built on first use, then reused: CuPy compiles

@@ -71,6 +71,15 @@ class StandInArray:
         _transferred("read")
         return self._data.copy()
 
+    def set(self, array: np.ndarray) -> None:
+        """Copy the host array `array` (of this shape and dtype) in (CuPy's `ndarray.set`)."""
+        if type(array) is not np.ndarray or array.shape != self.shape or array.dtype != self.dtype:
+            raise ValueError(
+                f"set takes a host array of shape {self.shape} and dtype {self.dtype}, got "
+                f"{type(array).__name__} {getattr(array, 'shape', '')}"
+            )
+        self._data[...] = array
+
     def item(self):
         _transferred("read")
         return self._data.item()

@@ -23,6 +23,7 @@ inputs.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,7 @@ class ExecutionStrategy:
     >>> strategy = nf.ExecutionStrategy(cuda_graph=True)
     >>> exe = nf.Executor(nf.CPUPlace(), execution_strategy=strategy)
     >>> exe.why_not_captured()  # the CPU runs every program uncaptured
-    'cuda_graph is off (or the place is not CUDAPlace)'
+    'cuda_graph is off (or the place captures no graphs: not CUDAPlace)'
     """
 
     cuda_graph: bool = False
@@ -146,12 +147,10 @@ class CapturedBlock:
         device = executor.device
         xp = device.xp
         plan = prepared.block_plan
-        # a pool of the capture's own: its blocks are never handed to anything else
-        self.pool = xp.cuda.MemoryPool()
-        self.stream = xp.cuda.Stream(non_blocking=True)
+        capture = _CudaCapture(xp) if device.runs_cuda_kernels else _EmulatedCapture()
         frame = Frame(plan, scope, executor, None, None, False)
         env = frame.env
-        with xp.cuda.using_allocator(self.pool.malloc):
+        with capture.allocating():
             fed_only = executor._bind_feeds(prepared, block, env, feed) or {}
             if fed_only:
                 raise CaptureError("a fed variable no op reads is fetched")
@@ -175,19 +174,10 @@ class CapturedBlock:
             self.reads.update(
                 {n: env[plan.slot_of[n]] for n in prepared.required_feeds if n not in self.fed}
             )
-            device.synchronize()
-            keep = frozenset(fetch_names)
-            with self.stream:
-                self.stream.begin_capture()
-                try:
-                    frame.run(keep=keep)
-                except Exception as exc:
-                    _end_failed_capture(self.stream)
-                    device.discard_checks()
-                    raise CaptureError(f"{type(exc).__name__}: {exc}") from exc
-                self.graph = self.stream.end_capture()
+            self.graph = capture.record(frame, frozenset(fetch_names), device)
         self.checks = device._pending_checks
         device._pending_checks = []
+        self.graph.checks = self.checks
         self.fetches = [frame.value(name) for name in fetch_names]
         if any(value is None for value in self.fetches):
             raise CaptureError("a fetch target is not computed by the block")
@@ -230,6 +220,71 @@ class CapturedBlock:
         if return_numpy:
             return list(self.fetches)
         return [f.copy() if device.owns(f) else f for f in self.fetches]
+
+
+class _CudaCapture:
+    """A CUDA stream capture: its own stream, and its own memory pool for the arrays the
+    capture makes (they must stay the graph's for as long as it lives)."""
+
+    def __init__(self, xp):
+        self.xp = xp
+        self.pool = xp.cuda.MemoryPool()
+        self.stream = xp.cuda.Stream(non_blocking=True)
+
+    def allocating(self):
+        return self.xp.cuda.using_allocator(self.pool.malloc)
+
+    def record(self, frame, keep: frozenset[str], device):
+        device.synchronize()
+        with self.stream:
+            self.stream.begin_capture()
+            try:
+                frame.run(keep=keep)
+            except Exception as exc:
+                _end_failed_capture(self.stream)
+                device.discard_checks()
+                raise CaptureError(f"{type(exc).__name__}: {exc}") from exc
+            return self.stream.end_capture()
+
+
+class _EmulatedCapture:
+    """The stand-in device's capture, so the bookkeeping around a graph (feed buffers, the
+    scope's arrays, copies back, fetches, checks) runs in make test: its graph runs the block
+    again and writes the results into the arrays the capture made, as a CUDA graph's kernels
+    write into the addresses they were captured with."""
+
+    def allocating(self):
+        return contextlib.nullcontext()
+
+    def record(self, frame, keep: frozenset[str], device):
+        bound = list(frame.env)
+        try:
+            frame.run(keep=keep)
+        except Exception as exc:
+            device.discard_checks()
+            raise CaptureError(f"{type(exc).__name__}: {exc}") from exc
+        return _EmulatedGraph(frame, keep, bound, device)
+
+
+class _EmulatedGraph:
+    def __init__(self, frame, keep: frozenset[str], bound: list, device):
+        self.frame, self.keep, self.bound, self.device = frame, keep, bound, device
+        self.made = list(frame.env)  # the arrays the capture made (the "graph's addresses")
+        self.checks: list = []
+
+    def launch(self) -> None:
+        frame, device = self.frame, self.device
+        queued = len(device._pending_checks)
+        frame.env[:] = self.bound
+        frame.run(keep=self.keep)
+        for made, new in zip(self.made, frame.env):
+            if made is not None and new is not None and made is not new and device.owns(made):
+                made[...] = new
+        frame.env[:] = self.made
+        # the checks' flags, written where the capture's were
+        for (flag, _), (new_flag, _) in zip(self.checks, device._pending_checks[queued:]):
+            flag[...] = new_flag
+        del device._pending_checks[queued:]
 
 
 def _end_failed_capture(stream) -> None:

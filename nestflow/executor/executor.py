@@ -120,16 +120,14 @@ class Executor:
         self._check_nan_inf = check_nan_inf
         # CUDA-graph replay (nestflow.executor.cuda_graph): on CUDAPlace only
         wanted = cuda_graph or (execution_strategy is not None and execution_strategy.cuda_graph)
-        self._graphs = (
-            GraphRunner(self.device) if wanted and self.device.runs_cuda_kernels else None
-        )
+        self._graphs = GraphRunner(self.device) if wanted and self.device.captures_graphs else None
         keep_freed_memory()
 
     def why_not_captured(self, program: Program | None = None) -> str | None:
         """Why `program` runs uncaptured with cuda_graph on (None: it is captured, or has not
         run twice yet); "cuda_graph is off" where it is off or the place is not CUDA."""
         if self._graphs is None:
-            return "cuda_graph is off (or the place is not CUDAPlace)"
+            return "cuda_graph is off (or the place captures no graphs: not CUDAPlace)"
         return self._graphs.why_not_captured(program or default_main_program())
 
     @property

@@ -43,15 +43,16 @@ def check_index_range(index: np.ndarray, high, what: str, device=None) -> None:
     they must raise)."""
     bad = (index < 0) | (index >= high)
     if device is not None and device.defers_checks:
-        device.check(bad.any(), lambda: _index_range_error(index, high, what, bad))
+        device.check(bad.any(), lambda: _index_range_error(index, high, what))
         return
     if bool(bad.any()):
-        raise ExecutionError(_index_range_error(index, high, what, bad))
+        raise ExecutionError(_index_range_error(index, high, what))
 
 
-def _index_range_error(index, high, what: str, bad) -> str:
+def _index_range_error(index, high, what: str) -> str:
+    # the mask again: the run's temporaries may be gone, or rewritten by a CUDA graph's replay
     xp = array_module(index)
-    positions = xp.argwhere(bad).tolist()
+    positions = xp.argwhere((index < 0) | (index >= high)).tolist()
     first = tuple(positions[0])
     limit = int(xp.broadcast_to(high, index.shape)[first]) if hasattr(high, "shape") else high
     return (

@@ -80,12 +80,14 @@ def _class_ids(label, x, axis: int, ignore_index: int, device):
             return label, None  # the common case, checked with two reductions
     ignored = label == ignore_index
     bad = ~ignored & ((label < 0) | (label >= classes))
-    device.check(bad.any(), lambda: _bad_ids(label, bad, classes, ignore_index, xp))
+    device.check(bad.any(), lambda: _bad_ids(label, classes, ignore_index, xp))
     return xp.where(ignored | bad, 0, label), ignored
 
 
-def _bad_ids(label, bad, classes: int, ignore_index: int, xp) -> str:
-    """The error for class ids outside [0, classes) (`bad` marks them): the first one."""
+def _bad_ids(label, classes: int, ignore_index: int, xp) -> str:
+    """The error for class ids outside [0, classes): the first one. (It looks at the label
+    again, as the run's temporaries may be gone, or rewritten by a CUDA graph's replay.)"""
+    bad = (label != ignore_index) & ((label < 0) | (label >= classes))
     at = tuple(xp.argwhere(bad)[0].tolist())
     return (
         f"Label holds {int(label[at])} at {list(at)}, outside the {classes} classes "
@@ -171,9 +173,7 @@ def _check_fused_ids(device, label, logits, bad, ignore_index: int) -> None:
     classes, xp = logits.shape[-1], device.xp
 
     def message() -> str:
-        ids = _label_rows(label, logits, logits.ndim - 1, xp)
-        out = (ids != ignore_index) & ((ids < 0) | (ids >= classes))
-        return _bad_ids(ids, out, classes, ignore_index, xp)
+        return _bad_ids(_label_rows(label, logits, logits.ndim - 1, xp), classes, ignore_index, xp)
 
     device.check(bad, message)
 
