@@ -1253,3 +1253,33 @@ def test_a_pool_window_beyond_a_runtime_size_fails_at_run_time():
         )
     with pytest.raises(NestflowError, match="larger than the padded input"):
         nf.Executor().run(main, {"x": np.zeros((1, 1, 2, 2), "float32")}, [out], nf.Scope())
+
+
+def test_winograd_in_filter_blocks_agrees_with_im2col_at_any_thread_count(monkeypatch):
+    """A 256x256-channel layer runs Winograd a block of filters at a time (forward and filter
+    gradient) on the pool: the same results as im2col, and the same bits at 1 and 3 threads."""
+    x, w = normal(16, 256, 4, 4, dtype="float32"), normal(256, 256, 3, 3, dtype="float32")
+    w /= 48.0
+    upstream = normal(16, 256, 4, 4, dtype="float32")
+    assert winograd._filter_blocks(256, 256) == 64
+    geo = nn_ops._ConvGeometry((1, 1), (1, 1, 1, 1), (1, 1), 1)
+    assert nn_ops._kernel(w.shape, geo, (4, 4), x.dtype, 16) == "winograd"
+    inputs, attrs = {"Input": x, "Filter": w}, {"paddings": [1, 1]}
+    budget = nf.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 3):
+            nf.set_num_threads(threads)
+            runs.append(run_with_grads("conv2d", inputs, attrs, "Output", upstream))
+    finally:
+        nf.set_num_threads(budget)
+    (out, grads), (out3, grads3) = runs
+    np.testing.assert_array_equal(out, out3)
+    np.testing.assert_array_equal(grads["Filter"], grads3["Filter"])
+    np.testing.assert_array_equal(grads["Input"], grads3["Input"])
+    monkeypatch.setattr(winograd, "MIN_CHANNELS", 10**9)
+    want_out, want_grads = run_with_grads("conv2d", inputs, attrs, "Output", upstream)
+    for got, want in ((out, want_out), (grads["Input"], want_grads["Input"])) + (
+        (grads["Filter"], want_grads["Filter"]),
+    ):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
