@@ -233,6 +233,8 @@ class Executor:
                 _run_frame(frame, program, keep)
             else:  # the common case, called directly: this is the per-run cost (W5)
                 frame.run(keep=keep)
+            # fetched temporaries nothing else holds go to the caller as they are (no copy)
+            fresh = _fresh_fetches(frame, block, fetch_names) if return_numpy else ()
             results = [self._fetch(frame, local, name, fed_only) for name in fetch_names]
             for slot, name in prepared.persistable_writes:
                 value = env[slot]
@@ -243,13 +245,16 @@ class Executor:
                 release_stack_room()
             if local is not scope:
                 scope.delete_scope(local)
-        return self._returned(results, return_numpy)
+        return self._returned(results, return_numpy, fresh)
 
-    def _returned(self, results: list, return_numpy: bool) -> list:
+    def _returned(self, results: list, return_numpy: bool, fresh=()) -> list:
         if return_numpy:
             # A fetch may be a parameter's own array (or a view of one): the caller gets a
             # copy, so writing into it cannot change the scope behind the executor's back.
-            return [r.copy() if type(r) is np.ndarray else _to_numpy(r) for r in results]
+            return [
+                (r if i in fresh else r.copy()) if type(r) is np.ndarray else _to_numpy(r)
+                for i, r in enumerate(results)
+            ]
         if self.place.is_device:
             return [Tensor._holding(r, self.place) if self.device.owns(r) else r for r in results]
         return results
@@ -668,6 +673,23 @@ def _run_frame(frame: Frame, program: Program, keep: frozenset[str]) -> None:
             frame.run(keep=keep)
     else:
         frame.run(keep=keep)
+
+
+def _fresh_fetches(frame: Frame, block: Block, fetch_names: Sequence[str]) -> set[int]:
+    """The positions of fetch_names whose values are host arrays only the run's env holds (an
+    op's fresh output: not a persistable, a feed, a view of either, or an array an op keeps):
+    handed to the caller as they are, as nothing can change them after the run. A name fetched
+    twice is fresh once at most."""
+    fresh, seen, slot_of = set(), set(), frame.plan.slot_of
+    for i, name in enumerate(fetch_names):
+        slot = slot_of.get(name)
+        if name in seen or slot is None:
+            continue
+        seen.add(name)
+        desc = block.find_var(name)
+        if (desc is None or not desc.persistable) and plan_module._owned(frame.env[slot]):
+            fresh.add(i)
+    return fresh
 
 
 def _scope_value(scope: Scope | None, name: str) -> Any:

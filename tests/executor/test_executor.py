@@ -265,6 +265,23 @@ def test_fetched_arrays_do_not_alias_the_scope(mlp):
     np.testing.assert_array_equal(scope.find_var("fc1.w").get(nf.Tensor).numpy(), before)
 
 
+def test_a_fetched_temporary_is_handed_over_and_everything_else_copied(mlp):
+    """An op's fresh output only the run held goes to the caller as it is (no copy); a
+    parameter, a fed array, a view of either, and a name fetched twice are copies."""
+    main, scope, exe, y = mlp
+    xs = _xs()
+    fetched = exe.run(main, feed={"x": xs}, fetch_list=[y, y, "fc1.w", "x"], scope=scope)
+    y1, y2, w, x = fetched
+    assert y1 is not y2 and not np.shares_memory(y1, y2)
+    assert not np.shares_memory(x, xs)
+    y1 += 1.0  # the caller's own: the next run is unchanged
+    (again,) = exe.run(main, feed={"x": xs}, fetch_list=[y], scope=scope)
+    np.testing.assert_array_equal(again, y2)
+    before = w.copy()
+    w += 1.0
+    np.testing.assert_array_equal(scope.find_var("fc1.w").get(nf.Tensor).numpy(), before)
+
+
 def test_feeding_a_tensor_works(mlp):
     """DESIGN Core runtime / Execution: a nf.Tensor can be fed like an array."""
     main, scope, exe, y = mlp
