@@ -316,6 +316,8 @@ def bench_rows(nf, place, torch_device: str, rounds: int) -> str:
     graph_step = w1_mlp.make_nestflow_step(xs, ys, place, cuda_graph=True)[0]
     w1_graph = {"nestflow": graph_step, "torch": w1_steps["torch"]}
     rows.append(_timed("W1 train step, nestflow replayed as a CUDA graph", w1_graph, rounds))
+    refusal = graph_step.why_not_captured()
+    rows.append(f"- W1's block captured as a CUDA graph: {'yes' if refusal is None else refusal}")
     xs3, wx, wh = w3_rnn.data()
     rows.append(
         _timed(

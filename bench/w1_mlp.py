@@ -73,6 +73,7 @@ def make_nestflow_step(
         (value,) = exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
         return float(value)
 
+    step.why_not_captured = lambda: exe.why_not_captured(main)  # (gpu_check reports it)
     return step, params
 
 

@@ -95,7 +95,7 @@ class GraphRunner:
         key = (
             id(prepared),
             tuple(fetch_names),
-            tuple((str(k), np.shape(v), str(getattr(v, "dtype", ""))) for k, v in feed.items()),
+            tuple((str(k), _shape(v), str(getattr(v, "dtype", ""))) for k, v in feed.items()),
             id(scope),
         )
         if key in self.refused:
@@ -115,6 +115,12 @@ class GraphRunner:
                 return None
             self.graphs[key] = captured
         return captured.replay(executor, prepared, block, feed, return_numpy)
+
+
+def _shape(value) -> tuple[int, ...]:
+    """A feed's shape, without handing a device array to NumPy."""
+    shape = getattr(value, "shape", None)
+    return tuple(shape) if shape is not None else np.shape(value)
 
 
 def _refusal(prepared) -> str | None:
@@ -158,7 +164,7 @@ class CapturedBlock:
             self.fed = {name if type(name) is str else name.name for name in feed}
             for name in self.fed:
                 slot = plan.slot_of[name]
-                buffer = xp.empty(np.shape(env[slot]), env[slot].dtype)
+                buffer = xp.empty(_shape(env[slot]), env[slot].dtype)
                 buffer[...] = device.to_device(env[slot])
                 env[slot] = self.feeds[slot] = buffer
             executor._bind_persistables(prepared, scope, env, feed)

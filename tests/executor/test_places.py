@@ -713,3 +713,22 @@ def test_which_blocks_a_cuda_graph_can_capture():
         .why_not_captured(main)
         .startswith("cuda_graph is off")
     )
+
+
+@pytest.mark.parametrize("place", DEVICE_PLACES, ids=repr)
+def test_cuda_graph_replays_feeds_that_are_already_on_the_device(place):
+    main, startup, loss = _mlp_program()
+    rng = np.random.default_rng(1)
+    device = nf.device_context(place)
+    host = {"x": rng.standard_normal((5, 8)).astype("float32"), "label": rng.integers(0, 4, (5, 1))}
+    feed = {name: device.to_device(value) for name, value in host.items()}
+    runs = []
+    for captured in (False, True):
+        exe, scope = nf.Executor(place, cuda_graph=captured), nf.Scope()
+        nf.seed(3)
+        nf.Executor(nf.CPUPlace()).run(startup, scope=scope)
+        runs.append([exe.run(main, feed, [loss], scope=scope)[0] for _ in range(4)])
+        if captured:
+            assert exe._graphs.graphs
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
