@@ -227,15 +227,20 @@ _ADAMW_KERNEL = cuda_elementwise(
 )
 
 
+def _adam_fusable(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow) -> bool:
+    """Whether the Adam-family kernels (adam, adamw, lamb) take these inputs."""
+    return (
+        _fusable(Param, Grad, Moment1, Moment2)
+        and _one_float(LearningRate, Beta1Pow, Beta2Pow)
+        and Beta1Pow.dtype == Beta2Pow.dtype
+    )
+
+
 def _adam_cuda(
     name, Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, device, *attrs
 ):
     """adam's or adamw's fused update, NotImplemented where the kernel does not cover it."""
-    if not (
-        _fusable(Param, Grad, Moment1, Moment2)
-        and _one_float(LearningRate, Beta1Pow, Beta2Pow)
-        and Beta1Pow.dtype == Beta2Pow.dtype
-    ):
+    if not _adam_fusable(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow):
         return NotImplemented
     xp = device.xp
     # Raw outputs (the beta powers) take no shape from the loop: every output is passed in.
@@ -662,11 +667,7 @@ class lamb:
     def forward_cuda(
         Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow, device, **attrs
     ):
-        if not (
-            _fusable(Param, Grad, Moment1, Moment2)
-            and _one_float(LearningRate, Beta1Pow, Beta2Pow)
-            and Beta1Pow.dtype == Beta2Pow.dtype
-        ):
+        if not _adam_fusable(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow):
             return NotImplemented
         xp = device.xp
         outs = (
