@@ -7,7 +7,7 @@ and dropped when it completes ("destroy when minibatch completes").
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -234,7 +234,7 @@ class Executor:
             else:  # the common case, called directly: this is the per-run cost (W5)
                 frame.run(keep=keep)
             # fetched temporaries nothing else holds go to the caller as they are (no copy)
-            fresh = _fresh_fetches(frame, block, fetch_names) if return_numpy else ()
+            fresh = _fresh_fetches(frame, block, fetch_names) if return_numpy and keep else ()
             results = [self._fetch(frame, local, name, fed_only) for name in fetch_names]
             for slot, name in prepared.persistable_writes:
                 value = env[slot]
@@ -675,21 +675,27 @@ def _run_frame(frame: Frame, program: Program, keep: frozenset[str]) -> None:
         frame.run(keep=keep)
 
 
-def _fresh_fetches(frame: Frame, block: Block, fetch_names: Sequence[str]) -> set[int]:
+def _fresh_fetches(frame: Frame, block: Block, fetch_names: Sequence[str]) -> Collection[int]:
     """The positions of fetch_names whose values are host arrays only the run's env holds (an
     op's fresh output: not a persistable, a feed, a view of either, or an array an op keeps):
     handed to the caller as they are, as nothing can change them after the run. A name fetched
     twice is fresh once at most."""
-    fresh, seen, slot_of = set(), set(), frame.plan.slot_of
+    env, slot_of, fresh = frame.env, frame.plan.slot_of, None
     for i, name in enumerate(fetch_names):
         slot = slot_of.get(name)
-        if name in seen or slot is None:
+        # a small array is copied faster than this is checked (the per-run cost, W5)
+        if slot is None or getattr(env[slot], "nbytes", 0) < _HAND_OVER_FROM:
             continue
-        seen.add(name)
+        if fetch_names.index(name) != i:
+            continue  # fetched again: a copy
         desc = block.find_var(name)
-        if (desc is None or not desc.persistable) and plan_module._owned(frame.env[slot]):
+        if (desc is None or not desc.persistable) and plan_module._owned(env[slot]):
+            fresh = fresh or set()
             fresh.add(i)
-    return fresh
+    return fresh or ()
+
+
+_HAND_OVER_FROM = 1 << 16  # bytes
 
 
 def _scope_value(scope: Scope | None, name: str) -> Any:
