@@ -251,6 +251,8 @@ class Executor:
         if return_numpy:
             # A fetch may be a parameter's own array (or a view of one): the caller gets a
             # copy, so writing into it cannot change the scope behind the executor's back.
+            if not fresh:
+                return [r.copy() if type(r) is np.ndarray else _to_numpy(r) for r in results]
             return [
                 (r if i in fresh else r.copy()) if type(r) is np.ndarray else _to_numpy(r)
                 for i, r in enumerate(results)

@@ -337,3 +337,29 @@ def test_an_executor_does_not_keep_the_programs_it_ran_alive():
     del program, out
     gc.collect()
     assert gone() is None
+
+
+def test_a_large_fresh_fetch_is_not_copied(monkeypatch):
+    """The hand-over applies to arrays of 64 KiB or more that only the run held: an op's
+    output is, a persistable fetched beside it is not."""
+    from nestflow.executor import executor as executor_module
+
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 256])
+        w = nf.layers.create_parameter([512, 256], "float32", name="big_w")
+        y = nf.layers.elementwise_add(x, w)
+    exe, scope = nf.Executor(nf.CPUPlace()), nf.Scope()
+    exe.run(startup, scope=scope)
+    decided = []
+    fresh_fetches = executor_module._fresh_fetches
+    monkeypatch.setattr(
+        executor_module,
+        "_fresh_fetches",
+        lambda *args: decided.append(fresh_fetches(*args)) or decided[-1],
+    )
+    out, weights = exe.run(main, {"x": np.ones((512, 256), "float32")}, [y, "big_w"], scope=scope)
+    assert decided == [{0}]
+    weights += 1.0  # a copy: the parameter is unchanged
+    assert not np.array_equal(scope.find_var("big_w").get(nf.Tensor).numpy(), weights)
+    assert out.shape == (512, 256)
