@@ -344,6 +344,14 @@ def bench_rows(nf, place, torch_device: str, rounds: int) -> str:
     rows.append(
         _timed("W9 3x3 conv 64->64 fwd+bwd", _w9_steps(nf, place, torch, torch_device), rounds)
     )
+    if torch_device == "cuda":  # cuDNN takes TF32 by default; nestflow's GEMMs are float32
+        allowed = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = False
+        try:
+            steps = _w9_steps(nf, place, torch, torch_device)
+            rows.append(_timed("W9 3x3, PyTorch without TF32 (float32 both)", steps, rounds))
+        finally:
+            torch.backends.cudnn.allow_tf32 = allowed
     xs10 = w10_lstm.batch()
     nf_w10, params10 = w10_lstm.make_nestflow_step(xs10, place)
     rows.append(
