@@ -40,8 +40,9 @@ class DeviceContext:
     def __init__(self, place: Place, xp: ModuleType):
         self.place = place
         self.xp = xp
-        # (device flag, message) of the checks `check` left for the end of the run
-        self._pending_checks: list[tuple[Any, Callable[[], str]]] = []
+        # (device flag, message) of the checks `check` left for the end of the run, per thread
+        # (runs on one place from several threads each read their own)
+        self._checks = threading.local()
 
     def owns(self, array: Any) -> bool:
         """Whether `array` is an array of this place."""
@@ -60,6 +61,17 @@ class DeviceContext:
         """A context in which this place's device is the current one (for the length of a
         run)."""
         return contextlib.nullcontext()
+
+    @property
+    def _pending_checks(self) -> list[tuple[Any, Callable[[], str]]]:
+        pending = getattr(self._checks, "pending", None)
+        if pending is None:
+            pending = self._checks.pending = []
+        return pending
+
+    @_pending_checks.setter
+    def _pending_checks(self, value: list) -> None:
+        self._checks.pending = value
 
     # whether ops' fused CUDA kernels (`forward_cuda`, `backward_cuda`) run on this place
     runs_cuda_kernels = False
@@ -91,8 +103,12 @@ class DeviceContext:
         flags = self.to_host(self.xp.stack([flag.reshape(()) for flag, _ in pending]))
         for flag, (_, message) in zip(flags.tolist(), pending):
             if flag:
+                try:
+                    text = message()
+                except Exception as exc:  # noqa: BLE001 (the check failed: say so anyway)
+                    text = f"an input failed its check ({type(exc).__name__} naming it: {exc})"
                 raise ExecutionError(
-                    message() + f" (found on {self.place!r} after the run's ops were queued: "
+                    text + f" (found on {self.place!r} after the run's ops were queued: "
                     "a device checks its inputs without stopping; nothing was stored)"
                 )
 

@@ -57,6 +57,11 @@ class CaptureError(NestflowError):
     """A block could not be captured as a CUDA graph (the program then runs uncaptured)."""
 
 
+# The graphs an executor keeps (by program plan, feed shapes, fetches and scope): each holds
+# its arrays and its scope alive, so a loop over changing programs or scopes drops the oldest.
+MAX_GRAPHS = 8
+
+
 class GraphRunner:
     """An executor's captured graphs, by program plan, feed shapes, fetches and scope."""
 
@@ -106,6 +111,8 @@ class GraphRunner:
             captured = None
         if captured is None:
             if key not in self.warmed:  # the first run compiles kernels and makes the plan
+                if len(self.warmed) > 4 * MAX_GRAPHS:
+                    self.warmed.clear()
                 self.warmed.add(key)
                 return None
             try:
@@ -114,7 +121,9 @@ class GraphRunner:
                 self.refused[key] = str(exc)
                 return None
             self.graphs[key] = captured
-        return captured.replay(executor, prepared, block, feed, return_numpy)
+            if len(self.graphs) > MAX_GRAPHS:  # the oldest goes, with its memory pool
+                del self.graphs[next(iter(self.graphs))]
+        return captured.replay(executor, prepared, block, feed)
 
 
 def _shape(value) -> tuple[int, ...]:
@@ -153,7 +162,10 @@ class CapturedBlock:
         device = executor.device
         xp = device.xp
         plan = prepared.block_plan
-        capture = _CudaCapture(xp) if device.runs_cuda_kernels else _EmulatedCapture()
+        # kept with the block: the pool behind the graph's arrays must live as long as it
+        self.capture = capture = (
+            _CudaCapture(xp) if device.runs_cuda_kernels else _EmulatedCapture()
+        )
         frame = Frame(plan, scope, executor, None, None, False)
         env = frame.env
         with capture.allocating():
@@ -167,6 +179,8 @@ class CapturedBlock:
                 buffer = xp.empty(_shape(env[slot]), env[slot].dtype)
                 buffer[...] = device.to_device(env[slot])
                 env[slot] = self.feeds[slot] = buffer
+            if any(name in self.fed for _, name in prepared.persistable_reads):
+                raise CaptureError("a persistable variable is fed")
             executor._bind_persistables(prepared, scope, env, feed)
             for name in prepared.required_feeds:
                 if env[plan.slot_of[name]] is not None:
@@ -187,28 +201,28 @@ class CapturedBlock:
         self.fetches = [frame.value(name) for name in fetch_names]
         if any(value is None for value in self.fetches):
             raise CaptureError("a fetch target is not computed by the block")
-        # new values of persistables the graph reads go back into the scope's arrays after
-        # each replay; those it only writes keep the graph's arrays, stored once
+        # new values of persistables go into the scope's arrays after each replay's checks
+        # pass (a failed run stores nothing); one the graph only writes gets an array of the
+        # default pool, stored once
         self.copy_backs = []
         for slot, name in prepared.persistable_writes:
             value = env[slot]
             if value is None:
                 continue
-            if name in self.reads:
-                if self.reads[name] is not value:
-                    self.copy_backs.append((self.reads[name], value))
-            else:
-                self.reads[name] = value
-                _store(scope, name, value)
+            if name not in self.reads:
+                self.reads[name] = xp.empty_like(value)
+                _store(scope, name, self.reads[name])
+            if self.reads[name] is not value:
+                self.copy_backs.append((self.reads[name], value))
         self.frame = frame  # the arrays the graph writes stay alive with it
 
     def still_current(self, scope: Scope) -> bool:
         """Whether the scope still holds the arrays the graph reads."""
         return all(scope._value(name) is array for name, array in self.reads.items())
 
-    def replay(self, executor, prepared, block, feed: Mapping[str, Any], return_numpy: bool):
-        """Run the graph on `feed`; the fetches (copies where they leave as device arrays: the
-        next replay writes the graph's own)."""
+    def replay(self, executor, prepared, block, feed: Mapping[str, Any]):
+        """Run the graph on `feed`; the fetches, the graph's own arrays (the caller copies
+        them)."""
         device = executor.device
         env = [None] * len(prepared.block_plan.names)
         executor._bind_feeds(prepared, block, env, feed)
@@ -223,9 +237,7 @@ class CapturedBlock:
         device.raise_failed_checks()
         for target, value in self.copy_backs:
             target[...] = value
-        if return_numpy:
-            return list(self.fetches)
-        return [f.copy() if device.owns(f) else f for f in self.fetches]
+        return list(self.fetches)  # (Executor._returned copies them: the next replay rewrites)
 
 
 class _CudaCapture:

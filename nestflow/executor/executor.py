@@ -258,6 +258,8 @@ class Executor:
                 for i, r in enumerate(results)
             ]
         if self.place.is_device:
+            if self._graphs is not None:  # a replay writes persistables' arrays in place
+                results = [r.copy() if self.device.owns(r) else r for r in results]
             return [Tensor._holding(r, self.place) if self.device.owns(r) else r for r in results]
         return results
 

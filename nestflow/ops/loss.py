@@ -11,7 +11,14 @@ import numpy as np
 
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
-from nestflow.ops.registry import Required, VarInfo, fail, register_op
+from nestflow.ops.registry import (
+    Required,
+    VarInfo,
+    cuda_elementwise,
+    fail,
+    fused_kernel,
+    register_op,
+)
 
 
 def _fits(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -238,6 +245,22 @@ extern "C" __global__ void swce_forward(
 """
 
 
+# its gradient: (softmax - one_hot(label)) * dLoss per element, the ids checked on the way
+_SWCE_GRAD = cuda_elementwise(
+    "nestflow_swce_grad",
+    "T softmax, raw int64 label, raw T loss_grad, int64 classes, int64 ignore_index",
+    "T grad, raw bool bad",
+    """
+    long long row = i / classes;
+    long long id = label[row];
+    bool out_of_range = id != ignore_index && (id < 0 || id >= classes);
+    if (out_of_range) bad[0] = true;
+    T scale = (id == ignore_index || out_of_range) ? (T)0 : loss_grad[row];
+    grad = (softmax - (i % classes == id ? (T)1 : (T)0)) * scale;
+    """,
+)
+
+
 @register_op
 class softmax_with_cross_entropy:
     """Softmax = softmax(Logits, axis); Loss = cross entropy of Softmax against Label, computed
@@ -332,19 +355,7 @@ class softmax_with_cross_entropy:
         xp, classes = device.xp, Logits.shape[-1]
         grad = xp.empty_like(Softmax)
         bad = xp.zeros((), xp.bool_)
-        kernel = device.elementwise(
-            "nestflow_swce_grad",
-            "T softmax, raw int64 label, raw T loss_grad, int64 classes, int64 ignore_index",
-            "T grad, raw bool bad",
-            """
-            long long row = i / classes;
-            long long id = label[row];
-            bool out_of_range = id != ignore_index && (id < 0 || id >= classes);
-            if (out_of_range) bad[0] = true;
-            T scale = (id == ignore_index || out_of_range) ? (T)0 : loss_grad[row];
-            grad = (softmax - (i % classes == id ? (T)1 : (T)0)) * scale;
-            """,
-        )
+        kernel = fused_kernel(device, _SWCE_GRAD)
         label = xp.ascontiguousarray(Label, dtype=xp.int64)
         loss_grad = xp.ascontiguousarray(xp.broadcast_to(Loss_grad, Logits.shape[:-1] + (1,)))
         kernel(Softmax, label, loss_grad, np.int64(classes), np.int64(ignore_index), grad, bad)

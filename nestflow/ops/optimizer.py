@@ -26,7 +26,9 @@ import math
 
 import numpy as np
 
+from nestflow.core.device_context import device_context
 from nestflow.core.dtype import is_floating
+from nestflow.core.place import place_of
 from nestflow.core.selected_rows import SelectedRows
 from nestflow.errors import DTypeError
 from nestflow.ops.registry import VarInfo, cuda_elementwise, fail, fused_kernel, register_op
@@ -55,9 +57,12 @@ def _dense(Grad):
 
 def _rows_in_place(array, xp):
     """`array` itself when a sparse update may write its rows, else a copy (a read-only array:
-    a memory-mapped or broadcast one)."""
-    if xp is np and not array.flags.writeable:
-        return array.copy()
+    a memory-mapped or broadcast one). On a device, the checks left for the end of the run (a
+    bad embedding id: DeviceContext.check) are read first, so a run they fail writes no row
+    (one wait for the device per sparse update, and no CUDA-graph capture of the block)."""
+    if xp is np:
+        return array if array.flags.writeable else array.copy()
+    device_context(place_of(array)).raise_failed_checks()
     return array
 
 

@@ -732,3 +732,74 @@ def test_cuda_graph_replays_feeds_that_are_already_on_the_device(place):
             assert exe._graphs.graphs
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+def test_device_checks_are_each_threads_own():
+    """Runs on one place from two threads each read (or drop) their own checks."""
+    import threading
+
+    device = nf.device_context(StandInPlace(0))
+    flag = device.to_device(np.array(True))
+    device.check(flag, lambda: "this thread's bad input")
+    seen = []
+    other = threading.Thread(target=lambda: seen.append(list(device._pending_checks)))
+    other.start()
+    other.join()
+    assert seen == [[]]
+    with pytest.raises(nf.errors.ExecutionError, match="this thread's bad input"):
+        device.raise_failed_checks()
+    device.raise_failed_checks()  # forgotten once read
+
+
+@pytest.mark.parametrize("place", DEVICE_PLACES, ids=repr)
+def test_a_bad_id_fails_a_sparse_update_before_it_writes_rows(place):
+    """A sparse SGD update writes the table's rows in place on a device: the deferred id check
+    is read first, so the failed run leaves the table as it was."""
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        ids = nf.data("ids", [-1, 1], "int64")
+        emb = nf.layers.embedding(ids, size=[5, 3], is_sparse=True, param_attr="table")
+        loss = nf.layers.mean(emb)
+        nf.optimizer.SGD(0.5).minimize(loss)
+    exe, scope = nf.Executor(place), nf.Scope()
+    exe.run(startup, scope=scope)
+    exe.run(main, {"ids": np.array([[0], [1]])}, [loss], scope=scope)
+    before = scope.find_var("table").get(nf.Tensor).numpy()
+    with pytest.raises(nf.errors.ExecutionError, match="outside the table"):
+        exe.run(main, {"ids": np.array([[1], [7]])}, [loss], scope=scope)
+    np.testing.assert_array_equal(scope.find_var("table").get(nf.Tensor).numpy(), before)
+
+
+@pytest.mark.parametrize("place", DEVICE_PLACES, ids=repr)
+def test_cuda_graph_keeps_the_scope_and_fetched_tensors_safe(place):
+    """A persistable the block only writes gets a scope array of its own, written after the
+    checks pass; a device Tensor fetched earlier is a copy no replay rewrites; a fed
+    persistable keeps the program uncaptured."""
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 4])
+        label = nf.data("label", [-1, 1], "int64")
+        logits = nf.layers.fc(x, 3)
+        loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, label))
+        total = nf.layers.create_parameter([1], "float32", name="total")
+        nf.layers.assign(nf.layers.reshape(loss, [1]), total)  # written, never read
+        nf.optimizer.SGD(0.1).minimize(loss)
+    exe, scope = nf.Executor(place, cuda_graph=True), nf.Scope()
+    exe.run(startup, scope=scope)
+    good = {"x": np.ones((3, 4), "float32"), "label": np.array([[0], [1], [2]])}
+    (early,) = exe.run(main, good, ["fc_0.w"], scope=scope, return_numpy=False)
+    kept = early.numpy()
+    for _ in range(3):
+        exe.run(main, good, [loss], scope=scope)
+    assert exe._graphs.graphs
+    np.testing.assert_array_equal(early.numpy(), kept)
+    total_before = scope.find_var("total").get(nf.Tensor).numpy()
+    with pytest.raises(nf.errors.ExecutionError, match="outside the 3 classes"):
+        exe.run(main, dict(good, label=np.array([[0], [5], [2]])), [loss], scope=scope)
+    np.testing.assert_array_equal(scope.find_var("total").get(nf.Tensor).numpy(), total_before)
+    (value,) = exe.run(main, good, [loss], scope=scope)
+    np.testing.assert_allclose(scope.find_var("total").get(nf.Tensor).numpy(), [value], 1e-6)
+    fed = dict(good, **{"fc_0.b": np.zeros(3, "float32")})  # a parameter the block reads
+    for _ in range(3):
+        exe.run(main, fed, [loss], scope=scope)
+    assert list(exe._graphs.refused.values()) == ["a persistable variable is fed"]

@@ -32,11 +32,12 @@ def _stand_in_source(name: str, in_params: str, out_params: str, operation: str,
         elif "raw" not in words:  # a typed scalar, as `float64 beta1`
             params.append(f"const {_C_TYPES[type_]} {var}")
             continue
+        c_name = _C_TYPES.get(type_, type_)  # a placeholder letter, or int64, bool...
         if "raw" in words:
-            params.append(f"{const}{type_}* {var}")
+            params.append(f"{const}{c_name}* {var}")
         else:
-            params.append(f"{const}{type_}* _raw_{var}")
-            binds.append(f"{const}{type_} &{var} = _raw_{var}[i];")
+            params.append(f"{const}{c_name}* _raw_{var}")
+            binds.append(f"{const}{c_name} &{var} = _raw_{var}[i];")
     typedefs = "".join(f"typedef {c_type} {t};\n" for t in sorted(letters))
     return (
         f'{typedefs}extern "C" __global__ void {name}({", ".join(params)}, long long _n) {{\n'
