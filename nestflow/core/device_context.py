@@ -369,7 +369,8 @@ class _StandInGenerator:
         return on_device
 
 
-# the fused CUDA kernels built so far, by name (ElementwiseKernel) or (function, dtype)
+# the fused CUDA kernels built so far, by name (ElementwiseKernel; registry.cuda_elementwise
+# keeps names unique) or (source, function, dtype) (RawKernel)
 _KERNELS: dict[Any, Any] = {}
 
 
@@ -423,8 +424,9 @@ class CUDADeviceContext(DeviceContext):
 
     def raw_kernel(self, source: str, function: str, dtype) -> Any:
         """The `extern "C"` CUDA function `function` of `source`, compiled with `T` as the C
-        type of `dtype` (float, double) once per dtype, then reused."""
-        key = (function, np.dtype(dtype).name)
+        type of `dtype` (float, double) once per source, function and dtype, then reused (the
+        source is part of the key: two sources may name a function alike)."""
+        key = (source, function, np.dtype(dtype).name)
         kernel = _KERNELS.get(key)
         if kernel is None:
             c_type = {"float32": "float", "float64": "double"}[np.dtype(dtype).name]
