@@ -149,6 +149,7 @@ def start_op_checks(place_name: str):
         PYTHONPATH=_python_path(),
     )
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    command += ["-rf", "--tb=line"]  # a failure's message in the report, not in a log alone
     try:
         import xdist  # noqa: F401  (the GPU machines hold pytest-xdist)
 
@@ -175,6 +176,8 @@ def finish_op_checks(child) -> str:
     ops = set(registered_ops())
     summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     failed = [line for line in output.splitlines() if line.startswith("FAILED")]
+    # --tb=line: one "path:line: message" line per failure
+    where = [line for line in output.splitlines() if re.match(r"^\S+\.py:\d+: ", line)]
     lines = [
         f"- pytest: {summary[-1] if summary else 'no summary (killed at the time limit?)'}",
         f"- op types run on the device equal to CPUPlace: {len(checked & ops)} of {len(ops)} "
@@ -184,6 +187,8 @@ def finish_op_checks(child) -> str:
     if failed:
         lines.append(f"- failures ({len(failed)}):")
         lines += [f"  - {line[:300]}" for line in failed[:60]]
+        lines.append("- where they failed:")
+        lines += [f"  - {line[:500]}" for line in where[:60]]
     return "\n".join(lines)
 
 

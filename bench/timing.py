@@ -297,6 +297,14 @@ class ThreadCounts:
         self._current = None
 
 
+def bench_thread_counts() -> tuple[int, ...]:
+    """The thread counts the scaling rows measure: NF_BENCH_THREADS ("1,2,4,8,16"), else 1 and 2.
+    1 always comes first: the speed-up rows divide by it."""
+    given = os.environ.get("NF_BENCH_THREADS", "")
+    counts = sorted({int(n) for n in given.split(",") if n.strip()} | {1})
+    return tuple(counts) if len(counts) > 1 else (1, 2)
+
+
 def load_note() -> str:
     """The machine's load averages (1, 5, 15 minutes) against its cores, for the notes."""
     try:
@@ -313,13 +321,15 @@ def scaling_rows(
     rounds: int,
     budget_s: float,
     targets: dict[int, float],
-    counts: tuple[int, ...] = (1, 2),
+    counts: tuple[int, ...] | None = None,
 ) -> tuple[list[Row], dict[str, float]]:
     """Rows of `metric` at each thread count (nestflow against PyTorch, targets[n] the ratio
     limit at n threads, none where absent) and one row of each side's speed-up at the last count
     over 1 thread. makers: "nestflow"/"torch" -> a function making the step (called once at each
     count, so a step may keep per-count state); a maker that raises makes an "n/a" entry.
-    Returns the rows and the speed-ups."""
+    counts: the thread counts, by default NF_BENCH_THREADS (e.g. "1,2,4,8,16" on a many-core
+    machine) or 1 and 2. Returns the rows and the speed-ups."""
+    counts = counts or bench_thread_counts()
     switch = ThreadCounts(torch)
     cases, missing = {}, {}
     try:

@@ -12,7 +12,10 @@ A `StandInArray` holds a NumPy array but behaves like a CuPy array where it matt
   kernel is written against its place's `xp` (`xp.sum(a)`), whose functions give stand-in
   arrays (0-d arrays where NumPy gives scalars, as CuPy does);
 - integer indices out of range wrap around in `take` and fancy indexing, as in CuPy, so a
-  kernel that relies on NumPy's IndexError for bad ids must check them itself.
+  kernel that relies on NumPy's IndexError for bad ids must check them itself;
+- inside `capturing()` (an emulated CUDA-graph capture) a matrix product (`xp.matmul`, `dot`,
+  `einsum`, `tensordot`, `@`, `xp.linalg`) raises NotImplementedError, as CuPy 14 refuses
+  every cuBLAS call on a capturing stream.
 
 Explicit reads stay allowed, as in CuPy: `.get()`, `xp.asnumpy(a)`, `.item()`, `.tolist()`,
 `int(a)`, `float(a)`, `bool(a)` (a device value read on the host: the op must need it).
@@ -183,7 +186,7 @@ class StandInArray:
             raise AttributeError(name)
         attr = getattr(self._data, name)
         if callable(attr):
-            return _wrapped_callable(attr)
+            return _wrapped_callable(attr, calls_blas=name in _BLAS_FUNCTIONS)
         return _wrap(attr)
 
     def __dlpack__(self, *args, **kwargs):
@@ -203,7 +206,11 @@ class StandInArray:
 
 
 def _binary(name: str):
+    blas = "matmul" in name
+
     def method(self, other):
+        if blas:
+            _refuse_blas_in_capture()
         return _wrap(getattr(self._data, name)(_unwrap(other)))
 
     method.__name__ = name
@@ -295,12 +302,38 @@ def _wrap(value: Any) -> Any:
     return value
 
 
-def _wrapped_callable(function):
+def _wrapped_callable(function, calls_blas: bool = False):
     @functools.wraps(function)
     def call(*args, **kwargs):
+        if calls_blas:
+            _refuse_blas_in_capture()
         return _wrap(function(*_unwrap(args), **_unwrap(kwargs)))
 
     return call
+
+
+# The functions that run on cuBLAS in CuPy (cuSOLVER for numpy.linalg): CuPy 14 refuses to
+# call either while a stream is being captured.
+_BLAS_FUNCTIONS = frozenset({"matmul", "dot", "vdot", "inner", "einsum", "tensordot"})
+_capturing = False
+
+
+@contextlib.contextmanager
+def capturing():
+    """An emulated CUDA-graph capture: matrix products raise inside it, as in CuPy."""
+    global _capturing
+    previous, _capturing = _capturing, True
+    try:
+        yield
+    finally:
+        _capturing = previous
+
+
+def _refuse_blas_in_capture() -> None:
+    if _capturing:
+        raise NotImplementedError(
+            "calling cuBLAS API during stream capture is currently unsupported"
+        )
 
 
 class _Ufunc:
@@ -312,6 +345,8 @@ class _Ufunc:
         self.nin, self.nout = ufunc.nin, ufunc.nout
 
     def __call__(self, *args, **kwargs):
+        if self.__name__ == "matmul":
+            _refuse_blas_in_capture()
         if kwargs.get("out") is not None:  # out=None: a new array, returned as CuPy does
             out = kwargs["out"]
             kwargs["out"] = tuple(_unwrap(o) for o in out) if type(out) is tuple else _unwrap(out)
@@ -349,7 +384,8 @@ class _Namespace(types.ModuleType):
         elif name in _HOST_TO_DEVICE:
             value = _to_device(attr)
         else:
-            value = _wrapped_callable(attr)
+            blas = name in _BLAS_FUNCTIONS or self.__name__.endswith(".linalg")
+            value = _wrapped_callable(attr, calls_blas=blas)
         setattr(self, name, value)
         return value
 

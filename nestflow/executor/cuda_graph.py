@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from nestflow.core import standin
 from nestflow.core.device_context import DeviceContext
 from nestflow.core.scope import Scope
 from nestflow.errors import NestflowError
@@ -261,7 +262,7 @@ class _CudaCapture:
             except Exception as exc:
                 _end_failed_capture(self.stream)
                 device.discard_checks()
-                raise CaptureError(f"{type(exc).__name__}: {exc}") from exc
+                raise CaptureError(_capture_failure(exc)) from exc
             return self.stream.end_capture()
 
 
@@ -277,10 +278,11 @@ class _EmulatedCapture:
     def record(self, frame, keep: frozenset[str], device):
         bound = list(frame.env)
         try:
-            frame.run(keep=keep)
+            with standin.capturing():
+                frame.run(keep=keep)
         except Exception as exc:
             device.discard_checks()
-            raise CaptureError(f"{type(exc).__name__}: {exc}") from exc
+            raise CaptureError(_capture_failure(exc)) from exc
         return _EmulatedGraph(frame, keep, bound, device)
 
 
@@ -303,6 +305,17 @@ class _EmulatedGraph:
         for (flag, _), (new_flag, _) in zip(self.checks, device._pending_checks[queued:]):
             flag[...] = new_flag
         del device._pending_checks[queued:]
+
+
+def _capture_failure(exc: BaseException) -> str:
+    """Why a capture failed, for why_not_captured: CuPy's refusal of cuBLAS named as such."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "cuBLAS API during stream capture" in text:
+        return (
+            "CuPy cannot record a cuBLAS call (a matrix product: mul, matmul, fc, conv, an "
+            "RNN cell) in a CUDA graph; the first was " + text.splitlines()[0]
+        )
+    return text
 
 
 def _end_failed_capture(stream) -> None:

@@ -572,16 +572,38 @@ def _mlp_program(dropout: bool = False):
     return main, startup, loss
 
 
+def _capturable_program(dropout: bool = False):
+    """A model with no matrix product: CuPy records no cuBLAS call in a CUDA graph, so a block
+    with one (fc, conv) runs uncaptured. Two elementwise layers over 4 features, 4 classes."""
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 4])
+        label = nf.data("label", [-1, 1], "int64")
+        w1 = nf.layers.create_parameter([4], "float32", name="w1")
+        w2 = nf.layers.create_parameter([4], "float32", name="w2")
+        b = nf.layers.create_parameter([4], "float32", name="b", initializer=nf.initializer.Constant(0.1))
+        h = nf.layers.relu(nf.layers.elementwise_add(nf.layers.elementwise_mul(x, w1), b))
+        if dropout:
+            h = nf.layers.dropout(h, 0.5)
+        logits = nf.layers.elementwise_mul(h, w2)
+        loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, label))
+        nf.optimizer.Adam(0.01).minimize(loss)
+    return main, startup, loss
+
+
+def _feeds(rng, count: int, batch: int = 5):
+    return [
+        {"x": rng.standard_normal((batch, 4)).astype("float32"), "label": rng.integers(0, 4, (batch, 1))}
+        for _ in range(count)
+    ]
+
+
 @pytest.mark.parametrize("place", DEVICE_PLACES, ids=repr)
 def test_cuda_graph_replays_are_bit_identical_to_uncaptured_runs(place):
     """On CUDA a real capture; on the stand-in an emulated one (its graph runs the block again
     into the arrays the capture made), so the executor's side runs in make test."""
-    main, startup, loss = _mlp_program()
-    rng = np.random.default_rng(0)
-    feeds = [
-        {"x": rng.standard_normal((5, 8)).astype("float32"), "label": rng.integers(0, 4, (5, 1))}
-        for _ in range(6)
-    ]
+    main, startup, loss = _capturable_program()
+    feeds = _feeds(np.random.default_rng(0), 6)
     runs = {}
     for captured in (False, True):
         exe, scope = nf.Executor(place, cuda_graph=captured), nf.Scope()
@@ -610,14 +632,14 @@ def test_cuda_graph_replays_are_bit_identical_to_uncaptured_runs(place):
 
 @pytest.mark.parametrize("place", DEVICE_PLACES, ids=repr)
 def test_cuda_graph_falls_back_for_random_ops_and_bad_ids_fail_a_replay(place):
-    main, startup, loss = _mlp_program(dropout=True)
+    main, startup, loss = _capturable_program(dropout=True)
     exe, scope = nf.Executor(place, cuda_graph=True), nf.Scope()
     exe.run(startup, scope=scope)
-    feed = {"x": np.ones((3, 8), "float32"), "label": np.array([[0], [1], [2]])}
+    feed = {"x": np.ones((3, 4), "float32"), "label": np.array([[0], [1], [2]])}
     for _ in range(3):
         exe.run(main, feed, [loss], scope=scope)
     assert "dropout" in exe.why_not_captured(main)
-    main, startup, loss = _mlp_program()
+    main, startup, loss = _capturable_program()
     exe, scope = nf.Executor(place, cuda_graph=True), nf.Scope()
     exe.run(startup, scope=scope)
     for _ in range(3):
@@ -717,10 +739,9 @@ def test_which_blocks_a_cuda_graph_can_capture():
 
 @pytest.mark.parametrize("place", DEVICE_PLACES, ids=repr)
 def test_cuda_graph_replays_feeds_that_are_already_on_the_device(place):
-    main, startup, loss = _mlp_program()
-    rng = np.random.default_rng(1)
+    main, startup, loss = _capturable_program()
     device = nf.device_context(place)
-    host = {"x": rng.standard_normal((5, 8)).astype("float32"), "label": rng.integers(0, 4, (5, 1))}
+    (host,) = _feeds(np.random.default_rng(1), 1)
     feed = {name: device.to_device(value) for name, value in host.items()}
     runs = []
     for captured in (False, True):
@@ -779,7 +800,9 @@ def test_cuda_graph_keeps_the_scope_and_fetched_tensors_safe(place):
     with nf.program_guard(main, startup):
         x = nf.data("x", [-1, 4])
         label = nf.data("label", [-1, 1], "int64")
-        logits = nf.layers.fc(x, 3)
+        w = nf.layers.create_parameter([3], "float32", name="w")
+        b = nf.layers.create_parameter([3], "float32", name="b")
+        logits = nf.layers.elementwise_add(nf.layers.elementwise_mul(x[:, :3], w), b)
         loss = nf.layers.mean(nf.layers.softmax_with_cross_entropy(logits, label))
         total = nf.layers.create_parameter([1], "float32", name="total")
         nf.layers.assign(nf.layers.reshape(loss, [1]), total)  # written, never read
@@ -787,7 +810,7 @@ def test_cuda_graph_keeps_the_scope_and_fetched_tensors_safe(place):
     exe, scope = nf.Executor(place, cuda_graph=True), nf.Scope()
     exe.run(startup, scope=scope)
     good = {"x": np.ones((3, 4), "float32"), "label": np.array([[0], [1], [2]])}
-    (early,) = exe.run(main, good, ["fc_0.w"], scope=scope, return_numpy=False)
+    (early,) = exe.run(main, good, ["w"], scope=scope, return_numpy=False)
     kept = early.numpy()
     for _ in range(3):
         exe.run(main, good, [loss], scope=scope)
@@ -799,7 +822,31 @@ def test_cuda_graph_keeps_the_scope_and_fetched_tensors_safe(place):
     np.testing.assert_array_equal(scope.find_var("total").get(nf.Tensor).numpy(), total_before)
     (value,) = exe.run(main, good, [loss], scope=scope)
     np.testing.assert_allclose(scope.find_var("total").get(nf.Tensor).numpy(), [value], 1e-6)
-    fed = dict(good, **{"fc_0.b": np.zeros(3, "float32")})  # a parameter the block reads
+    fed = dict(good, b=np.zeros(3, "float32"))  # a parameter the block reads
     for _ in range(3):
         exe.run(main, fed, [loss], scope=scope)
     assert list(exe._graphs.refused.values()) == ["a persistable variable is fed"]
+
+
+@pytest.mark.parametrize("place", DEVICE_PLACES, ids=repr)
+def test_a_block_with_a_matrix_product_runs_uncaptured_and_says_why(place):
+    """CuPy refuses every cuBLAS call on a capturing stream (the stand-in's emulated capture
+    refuses matrix products alike): a block with an fc falls back to uncaptured runs, which
+    give what an executor without cuda_graph gives, and why_not_captured names cuBLAS."""
+    main, startup, loss = _mlp_program()
+    rng = np.random.default_rng(2)
+    feeds = [
+        {"x": rng.standard_normal((5, 8)).astype("float32"), "label": rng.integers(0, 4, (5, 1))}
+        for _ in range(4)
+    ]
+    runs = []
+    for captured in (False, True):
+        exe, scope = nf.Executor(place, cuda_graph=captured), nf.Scope()
+        nf.seed(5)
+        nf.Executor(nf.CPUPlace()).run(startup, scope=scope)
+        runs.append([exe.run(main, f, [loss], scope=scope)[0] for f in feeds])
+    assert not exe._graphs.graphs
+    reason = exe.why_not_captured(main)
+    assert "cuBLAS" in reason and "op 'mul'" in reason, reason
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
