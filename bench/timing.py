@@ -328,8 +328,12 @@ def scaling_rows(
     over 1 thread. makers: "nestflow"/"torch" -> a function making the step (called once at each
     count, so a step may keep per-count state); a maker that raises makes an "n/a" entry.
     counts: the thread counts, by default NF_BENCH_THREADS (e.g. "1,2,4,8,16" on a many-core
-    machine) or 1 and 2. Returns the rows and the speed-ups."""
+    machine) or 1 and 2; NF_BENCH_ROUNDS overrides `rounds`. Each measurement is also printed
+    to stderr as it ends (a run cut short keeps what it measured). Returns the rows and the
+    speed-ups."""
     counts = counts or bench_thread_counts()
+    rounds = int(os.environ.get("NF_BENCH_ROUNDS", rounds))
+    started = time.perf_counter()
     switch = ThreadCounts(torch)
     cases, missing = {}, {}
     try:
@@ -344,6 +348,12 @@ def scaling_rows(
     finally:
         switch.restore()
     ms = {key: t * 1e3 for key, t in times.items()}
+    print(
+        f"[{metric}: {time.perf_counter() - started:.0f} s] "
+        + ", ".join(f"{key} {value:.3f} ms" for key, value in ms.items()),
+        file=sys.stderr,
+        flush=True,
+    )
     rows = []
     for n in counts:
         limit = targets.get(n)

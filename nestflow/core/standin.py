@@ -15,7 +15,8 @@ A `StandInArray` holds a NumPy array but behaves like a CuPy array where it matt
   kernel that relies on NumPy's IndexError for bad ids must check them itself;
 - inside `capturing()` (an emulated CUDA-graph capture) a matrix product (`xp.matmul`, `dot`,
   `einsum`, `tensordot`, `@`, `xp.linalg`) raises NotImplementedError, as CuPy 14 refuses
-  every cuBLAS call on a capturing stream.
+  every cuBLAS call on a capturing stream; a batched (3-d or more) bfloat16 matrix product
+  raises TypeError, as CuPy 14.2 has no kernel for one.
 
 Explicit reads stay allowed, as in CuPy: `.get()`, `xp.asnumpy(a)`, `.item()`, `.tolist()`,
 `int(a)`, `float(a)`, `bool(a)` (a device value read on the host: the op must need it).
@@ -210,7 +211,7 @@ def _binary(name: str):
 
     def method(self, other):
         if blas:
-            _refuse_blas_in_capture()
+            _check_matmul(self, other)
         return _wrap(getattr(self._data, name)(_unwrap(other)))
 
     method.__name__ = name
@@ -336,6 +337,15 @@ def _refuse_blas_in_capture() -> None:
         )
 
 
+def _check_matmul(*operands) -> None:
+    """CuPy 14's matrix product on operands (a capture refuses it; a batched bfloat16 one
+    has no kernel: CuPy raises TypeError "data type 'E' not understood")."""
+    _refuse_blas_in_capture()
+    arrays = [o for o in operands if type(o) is StandInArray]
+    if any(a.dtype.name == "bfloat16" for a in arrays) and any(a.ndim > 2 for a in arrays):
+        raise TypeError("data type 'E' not understood (CuPy has no batched bfloat16 matmul)")
+
+
 class _Ufunc:
     """A NumPy ufunc over stand-in arrays, with its methods (`xp.add.at`, `xp.maximum.reduce`)."""
 
@@ -346,7 +356,7 @@ class _Ufunc:
 
     def __call__(self, *args, **kwargs):
         if self.__name__ == "matmul":
-            _refuse_blas_in_capture()
+            _check_matmul(*args)
         if kwargs.get("out") is not None:  # out=None: a new array, returned as CuPy does
             out = kwargs["out"]
             kwargs["out"] = tuple(_unwrap(o) for o in out) if type(out) is tuple else _unwrap(out)

@@ -198,7 +198,6 @@ class CapturedBlock:
             self.graph = capture.record(frame, frozenset(fetch_names), device)
         self.checks = device._pending_checks
         device._pending_checks = []
-        self.graph.checks = self.checks
         self.fetches = [frame.value(name) for name in fetch_names]
         if any(value is None for value in self.fetches):
             raise CaptureError("a fetch target is not computed by the block")
@@ -233,7 +232,7 @@ class CapturedBlock:
                 buffer.set(value)
             else:
                 buffer[...] = value
-        self.graph.launch()
+        self.capture.launch(self.graph, self.checks)
         device._pending_checks.extend(self.checks)
         device.raise_failed_checks()
         for target, value in self.copy_backs:
@@ -265,6 +264,10 @@ class _CudaCapture:
                 raise CaptureError(_capture_failure(exc)) from exc
             return self.stream.end_capture()
 
+    def launch(self, graph, checks: list) -> None:
+        """Replay `graph` (on the current stream); its kernels write the checks' flags."""
+        graph.launch()
+
 
 class _EmulatedCapture:
     """The stand-in device's capture, so the bookkeeping around a graph (feed buffers, the
@@ -285,14 +288,19 @@ class _EmulatedCapture:
             raise CaptureError(_capture_failure(exc)) from exc
         return _EmulatedGraph(frame, keep, bound, device)
 
+    def launch(self, graph, checks: list) -> None:
+        graph.launch(checks)
+
 
 class _EmulatedGraph:
+    # (no other attributes: CuPy's Graph takes none either)
+    __slots__ = ("frame", "keep", "bound", "device", "made")
+
     def __init__(self, frame, keep: frozenset[str], bound: list, device):
         self.frame, self.keep, self.bound, self.device = frame, keep, bound, device
         self.made = list(frame.env)  # the arrays the capture made (the "graph's addresses")
-        self.checks: list = []
 
-    def launch(self) -> None:
+    def launch(self, checks: list) -> None:
         frame, device = self.frame, self.device
         queued = len(device._pending_checks)
         frame.env[:] = self.bound
@@ -302,7 +310,7 @@ class _EmulatedGraph:
                 made[...] = new
         frame.env[:] = self.made
         # the checks' flags, written where the capture's were
-        for (flag, _), (new_flag, _) in zip(self.checks, device._pending_checks[queued:]):
+        for (flag, _), (new_flag, _) in zip(checks, device._pending_checks[queued:]):
             flag[...] = new_flag
         del device._pending_checks[queued:]
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nestflow.core.device_context import array_module, chunk_grain
-from nestflow.core.dtype import is_floating
+from nestflow.core.dtype import LOW_PRECISION, in_float32, is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import conv_cuda, winograd
 from nestflow.ops.activation import shared_zeros
@@ -742,7 +742,23 @@ def _epilogue(Bias, ResidualData, out_shape, channel_last: bool, attrs: dict):
     return _Epilogue(Bias, residual, relu)
 
 
+def _wide_operands(*arrays) -> tuple:
+    """The conv's operands in float32 where they are float16/bfloat16 (None stays None): its
+    sums accumulate in float32 and the results are rounded once, on every place."""
+    return tuple(None if a is None else in_float32(a) for a in arrays)
+
+
+def _narrowed(result, dtype):
+    """result rounded to dtype (None stays None)."""
+    return result if result is None or result.dtype == dtype else result.astype(dtype)
+
+
 def _conv_forward(Input, Filter, Bias, ResidualData, relu_first: bool, attrs: dict, device=None):
+    if Input.dtype.name in LOW_PRECISION:
+        wide = _wide_operands(Input, Filter, Bias, ResidualData)
+        # (is_test: the float32 columns are not kept; the gradient widens its operands again)
+        out = _conv_forward(*wide, relu_first, dict(attrs, is_test=True), device)
+        return out.astype(Input.dtype)
     channel_last = _check_layout(attrs["data_format"])
     x = _nchw(Input, channel_last)
     if relu_first:
@@ -768,6 +784,11 @@ def _conv_backward(
     Input, Filter, Bias, ResidualData, Output, Output_grad, relu_first, attrs, needs, device=None
 ):
     """Gradients of Input, Filter, Bias and ResidualData (None where not needed)."""
+    if Input.dtype.name in LOW_PRECISION:
+        wide = _wide_operands(Input, Filter, Bias, ResidualData, Output, Output_grad)
+        grads = _conv_backward(*wide, relu_first, attrs, needs, device)
+        dtypes = [None if a is None else a.dtype for a in (Input, Filter, Bias, ResidualData)]
+        return tuple(_narrowed(g, d) for g, d in zip(grads, dtypes))
     channel_last = _check_layout(attrs["data_format"])
     if _fused_relu(attrs):  # Output is after the relu: positive exactly where the sum was
         Output_grad = Output_grad * (Output > 0)
@@ -1116,14 +1137,16 @@ class conv2d_transpose:
 
     def forward(Input, Filter, **attrs):
         channel_last, x, geo, out_hw = _transpose_setup(Input, Filter, attrs)
-        return _from_nchw(_conv_input_grad(x, Filter, out_hw, geo), channel_last)
+        x, w = _wide_operands(x, Filter)
+        out = _from_nchw(_conv_input_grad(x, w, out_hw, geo), channel_last)
+        return _narrowed(out, Input.dtype)
 
     def backward(Input, Filter, Output, Output_grad, needs=(True, True), **attrs):
         channel_last, x, geo, _ = _transpose_setup(Input, Filter, attrs)
-        grad = _nchw(Output_grad, channel_last)
-        dx = _from_nchw(_conv(grad, Filter, geo)[0], channel_last) if needs[0] else None
+        x, w, grad = _wide_operands(x, Filter, _nchw(Output_grad, channel_last))
+        dx = _from_nchw(_conv(grad, w, geo)[0], channel_last) if needs[0] else None
         dw = _conv_filter_grad(grad, x, Filter.shape, geo) if needs[1] else None
-        return dx, dw
+        return _narrowed(dx, Input.dtype), _narrowed(dw, Filter.dtype)
 
     def forward_cuda(Input, Filter, device=None, **attrs):
         channel_last, x, geo, out_hw = _transpose_setup(Input, Filter, attrs)

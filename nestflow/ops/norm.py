@@ -22,7 +22,7 @@ import threading
 import numpy as np
 
 from nestflow.core.device_context import array_module, chunk_grain
-from nestflow.core.dtype import LOW_PRECISION, is_floating
+from nestflow.core.dtype import LOW_PRECISION, in_float32, is_floating
 from nestflow.errors import AttrError, DTypeError
 from nestflow.ops.registry import Required, VarInfo, fail, register_op
 
@@ -43,11 +43,6 @@ def _stat_dtype(dtype: str) -> str:
     """The dtype of the affine parameters and statistics for an X of `dtype`: float32 for a
     float16/bfloat16 X (Fluid's BatchNormParamType; nf.amp keeps them float32 masters)."""
     return "float32" if dtype in LOW_PRECISION else dtype
-
-
-def _wide(array):
-    """A float16/bfloat16 array in float32, the precision the statistics are computed in."""
-    return array.astype(np.float32) if array.dtype.name in LOW_PRECISION else array
 
 
 def _check_vector(name: str, info: VarInfo | None, size: int, X: VarInfo, what: str) -> None:
@@ -131,7 +126,7 @@ class batch_norm:
         return VarInfo(X.shape, X.dtype), stat, stat, stat, stat
 
     def forward(X, Scale, Bias, Mean, Variance, MomentumTensor, xp, device=None, **attrs):
-        dtype, X = X.dtype, _wide(X)
+        dtype, X = X.dtype, in_float32(X)
         c_axis = _channel_axis(X.ndim, attrs["data_layout"])
         axes, shape = _per_channel(X.ndim, c_axis)
         epsilon = X.dtype.type(attrs["epsilon"])
@@ -182,7 +177,7 @@ class batch_norm:
         device=None,
         **attrs,
     ):
-        dtype, X, Y_grad = X.dtype, _wide(X), _wide(Y_grad)
+        dtype, X, Y_grad = X.dtype, in_float32(X), in_float32(Y_grad)
         c_axis = _channel_axis(X.ndim, attrs["data_layout"])
         axes, shape = _per_channel(X.ndim, c_axis)
         epsilon = X.dtype.type(attrs["epsilon"])
@@ -244,8 +239,8 @@ class batch_norm:
         xp,
         **attrs,
     ):
-        dtype, X, Y_grad = X.dtype, _wide(X), _wide(Y_grad)
-        ddX = None if ddX is None else _wide(ddX)
+        dtype, X, Y_grad = X.dtype, in_float32(X), in_float32(Y_grad)
+        ddX = None if ddX is None else in_float32(ddX)
         c_axis = _channel_axis(X.ndim, attrs["data_layout"])
         axes, shape = _per_channel(X.ndim, c_axis)
         running = _uses_running_stats(
@@ -444,7 +439,7 @@ class layer_norm:
         return VarInfo(X.shape, X.dtype), stat, stat
 
     def forward(X, Scale, Bias, epsilon, begin_norm_axis, is_test, use_mkldnn, xp):
-        dtype, X = X.dtype, _wide(X)
+        dtype, X = X.dtype, in_float32(X)
         rows, width = _rows_and_width(X.shape, begin_norm_axis)
         x = X.reshape(rows, width)
         mean = x.mean(axis=1)
@@ -475,7 +470,7 @@ class layer_norm:
         *,
         xp,
     ):
-        dtype, X, Y_grad = X.dtype, _wide(X), _wide(Y_grad)
+        dtype, X, Y_grad = X.dtype, in_float32(X), in_float32(Y_grad)
         rows, width = _rows_and_width(X.shape, begin_norm_axis)
         x = X.reshape(rows, width)
         dy = Y_grad.reshape(rows, width)
@@ -521,7 +516,7 @@ class layer_norm:
         *,
         xp,
     ):
-        dtype, X, Y_grad = X.dtype, _wide(X), _wide(Y_grad)
+        dtype, X, Y_grad = X.dtype, in_float32(X), in_float32(Y_grad)
         rows, width = _rows_and_width(X.shape, begin_norm_axis)
         x = X.reshape(rows, width)
         if Mean is None or Variance is None:
@@ -534,7 +529,7 @@ class layer_norm:
             inv_std,
             Y_grad.reshape(rows, width),
             Scale,
-            None if ddX is None else _wide(ddX).reshape(rows, width),
+            None if ddX is None else in_float32(ddX).reshape(rows, width),
             ddScale if Scale is not None else None,
             ddBias if Bias is not None else None,
             lambda t: t.mean(axis=1, keepdims=True),

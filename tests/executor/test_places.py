@@ -581,7 +581,9 @@ def _capturable_program(dropout: bool = False):
         label = nf.data("label", [-1, 1], "int64")
         w1 = nf.layers.create_parameter([4], "float32", name="w1")
         w2 = nf.layers.create_parameter([4], "float32", name="w2")
-        b = nf.layers.create_parameter([4], "float32", name="b", initializer=nf.initializer.Constant(0.1))
+        b = nf.layers.create_parameter(
+            [4], "float32", name="b", initializer=nf.initializer.Constant(0.1)
+        )
         h = nf.layers.relu(nf.layers.elementwise_add(nf.layers.elementwise_mul(x, w1), b))
         if dropout:
             h = nf.layers.dropout(h, 0.5)
@@ -593,7 +595,10 @@ def _capturable_program(dropout: bool = False):
 
 def _feeds(rng, count: int, batch: int = 5):
     return [
-        {"x": rng.standard_normal((batch, 4)).astype("float32"), "label": rng.integers(0, 4, (batch, 1))}
+        {
+            "x": rng.standard_normal((batch, 4)).astype("float32"),
+            "label": rng.integers(0, 4, (batch, 1)),
+        }
         for _ in range(count)
     ]
 
