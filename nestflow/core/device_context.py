@@ -181,16 +181,30 @@ def default_num_threads() -> int:
 MAX_CHUNKS = 8
 
 
-def chunk_grain(n: int, item_cost: int, min_cost: int, max_chunks: int = MAX_CHUNKS) -> int:
+def chunk_grain(
+    n: int, item_cost: int, min_cost: int, max_chunks: int = MAX_CHUNKS, limit: int | None = None
+) -> int:
     """Items per chunk for parallel_for over n items of item_cost each: chunks of at least
-    min_cost, at most max_chunks of them; n (one chunk: the calling thread) for small work.
-    It depends on the shapes only, never on the thread count (the same chunks, the same bits).
+    min_cost, at most max_chunks of them, or at most as many as the CPU's intra-op threads
+    where those are more; n (one chunk: the calling thread) for small work. Up to max_chunks
+    threads it depends on the shapes only (the same chunks, the same bits at 1 or at
+    max_chunks threads); past that, a kernel splits in as many chunks as threads, so that 16
+    cores run 16 chunks (at most max_chunks of them stopped the convolutions at 4x on a
+    16-core host), and a per-chunk partial sum may differ in its last bits. `limit`: at most
+    that many chunks whatever the threads (a kernel's own bound, from its shapes).
 
-    >>> chunk_grain(32, 200_000, 1 << 17), chunk_grain(32, 10, 1 << 17)
-    (4, 32)
+    >>> chunk_grain(32, 200_000, 1 << 17, limit=4), chunk_grain(32, 10, 1 << 17)
+    (8, 32)
     """
-    chunks = min(max_chunks, n, n * item_cost // max(1, min_cost))
+    most = max(max_chunks, _cpu_threads())
+    if limit is not None:
+        most = min(most, limit)
+    chunks = min(most, n, n * item_cost // max(1, min_cost))
     return n if chunks < 2 else -(-n // chunks)
+
+
+def _cpu_threads() -> int:
+    return device_context().num_threads
 
 
 _BLAS: list = []  # threadpoolctl's controllers of the BLAS libraries, found on first use

@@ -260,3 +260,36 @@ def test_a_forked_child_gets_a_pool_of_its_own(threads):
 
 def _chunks_in_child():
     return nf.device_context().parallel_for(4, lambda a, b: a, 1)
+
+
+def test_past_its_chunk_cap_a_kernel_splits_in_as_many_chunks_as_threads(threads):
+    """Up to max_chunks threads the chunks depend on the shapes only; with more threads a
+    kernel takes one chunk per thread (a 16-core host ran the convolutions no faster at 8 and
+    16 threads than at 4 while they were capped at 4 chunks)."""
+    from nestflow.core.device_context import chunk_grain
+
+    threads(1)
+    assert chunk_grain(64, 1 << 24, 1 << 23, 4) == 16  # 4 chunks
+    threads(3)
+    assert chunk_grain(64, 1 << 24, 1 << 23, 4) == 16
+    threads(8)
+    assert chunk_grain(64, 1 << 24, 1 << 23, 4) == 8  # 8 chunks
+    assert chunk_grain(64, 1 << 10, 1 << 23, 4) == 64  # small work stays one chunk
+
+
+def test_conv_net_training_past_the_chunk_cap_differs_in_the_last_bits_at_most(
+    threads, monkeypatch
+):
+    """At 8 threads the convs split in 8 chunks, not 4: the filter gradients' per-chunk sums
+    round differently, so a step's parameters differ in their last bits (docs/performance.md)."""
+    from nestflow.ops import nn
+
+    monkeypatch.setattr(nn, "_CONV_CHUNK_WORK", 1 << 21)
+    threads(1)
+    one = _train_conv_net(1)
+    threads(8)
+    eight = _train_conv_net(1)
+    assert any((a != b).any() for a, b in zip(one, eight))  # more chunks: other roundings
+    for a, b in zip(one, eight):
+        scale = float(np.abs(a).max()) if a.size else 0.0
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * max(scale, 1.0))
