@@ -224,6 +224,11 @@ CONV_CASES = [
     ),
     conv_case((2, 5, 4, 3), (2, 3, 3, 2), {"data_format": "NHWC", "paddings": [1, 0]}, "nhwc"),
     conv_case((2, 3, 1, 1), (2, 3, 1, 1), {}, "size1"),
+    # more than 4 input channels: the batch-last im2col layout (fewer go images first)
+    conv_case((2, 5, 6, 5), (3, 5, 3, 2), {"paddings": [1, 0]}, "many_channels"),
+    conv_case(
+        (2, 6, 7, 6), (2, 6, 3, 3), {"dilations": [2, 1], "paddings": [1, 1]}, "many_dilated"
+    ),
     conv_case((3, 4, 5, 5), (5, 4, 1, 1), {}, "1x1"),
     conv_case((2, 4, 5, 5), (3, 4, 1, 1), {"strides": [2, 2]}, "1x1_stride2"),
     conv_case((0, 3, 5, 5), (2, 3, 3, 3), {"paddings": [1, 1]}, "empty_batch", grad=False),
@@ -290,6 +295,9 @@ CONV_CASES = [
         op="conv2d_transpose",
     ),
     conv_case((2, 1, 1, 1), (1, 2, 1, 1), {}, "size1", op="conv2d_transpose"),
+    conv_case(
+        (2, 3, 4, 5), (3, 5, 3, 2), {"paddings": [1, 0]}, "many_channels", op="conv2d_transpose"
+    ),
     conv_case(
         (2, 3, 3, 4),
         (3, 1, 3, 3),
