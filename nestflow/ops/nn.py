@@ -208,13 +208,14 @@ class _Layout:
 
 
 def _layout(geo: _ConvGeometry) -> _Layout:
-    """Batch last for a stride-1 conv, unless its input has few channels: then the product
-    has few terms (25 for LeNet's 1-channel 5x5, 27 for an RGB 3x3), and [OH * OW * N, M]
-    with so short a K ran at a third of [M, N * OH * OW]'s speed, and its output went back to
-    NCHW in runs of M. Measured on the 2-vCPU EPYC, fwd+bwd at 1 thread: LeNet's 1->6 5x5 on
-    [64, 1, 28, 28] 0.955 -> 0.791 ms; ResNet's RGB 3->64 3x3 stem on [32, 3, 32, 32] 7.92 ->
-    3.68 ms; but 6->16 5x5 on [64, 6, 12, 12] 1.27 -> 1.82 ms the other way."""
-    return _Layout(batch_last=geo.strides == (1, 1) and not geo.few_channels)
+    """Batch last for a stride-1 conv, unless its product sums few terms (_FEW_TERMS: 25 for
+    LeNet's 1-channel 5x5, 27 for an RGB 3x3): then the product is cheap beside the copies,
+    and images first copies less. Measured on the 2-vCPU EPYC, fwd+bwd at 1 thread, batch
+    last against images first: 3->64 3x3 on [32, 3, 32, 32] (ResNet's stem, no input
+    gradient) 5.03 / 4.15 ms; 1->32 3x3 on [64, 1, 28, 28] 4.18 / 2.30; LeNet's 1->6 5x5
+    0.851 / 0.794; but 4->16 5x5 on [32, 4, 20, 20] (100 terms) 1.50 / 1.75, and 6->16 5x5
+    on [64, 6, 12, 12] 1.27 / 1.82."""
+    return _Layout(batch_last=geo.strides == (1, 1) and not geo.few_terms)
 
 
 def _phases(xt: np.ndarray, strides) -> np.ndarray:
@@ -332,13 +333,13 @@ _COLUMNS = _ColumnsMemo(limit=256 << 20)
 @dataclass(frozen=True)
 class _ConvGeometry:
     """Resolved strides, paddings (top, bottom, left, right), dilations and groups, and
-    whether the conv's input has few channels a group (_layout)."""
+    whether the conv's product sums few terms (_layout)."""
 
     strides: tuple[int, int]
     pads: tuple[int, int, int, int]
     dilations: tuple[int, int]
     groups: int
-    few_channels: bool = False
+    few_terms: bool = False
 
     def out_hw(self, in_hw, k_hw) -> tuple[int, int]:
         """Output positions of a convolution over `in_hw` (-1 where unknown)."""
@@ -361,9 +362,9 @@ class _ConvGeometry:
         return sizes[0], sizes[1]
 
 
-# An input of at most this many channels a group (grey, RGB, RGBA images) is arranged images
-# first for im2col (_layout).
-_FEW_CHANNELS = 4
+# A conv whose product sums at most this many terms (input channels a group x kh x kw: a
+# grey or RGB image's first conv) arranges im2col's columns images first (_layout).
+_FEW_TERMS = 32
 
 
 def _conv_geometry(attrs: dict, in_hw, k_hw, group_channels: int = 0) -> _ConvGeometry:
@@ -388,7 +389,7 @@ def _conv_geometry(attrs: dict, in_hw, k_hw, group_channels: int = 0) -> _ConvGe
                 in_hw[1], k_hw[1], strides[1]
             )
         dilations = (1, 1)
-    few = 0 < group_channels <= _FEW_CHANNELS and groups == 1
+    few = 0 < group_channels * k_hw[0] * k_hw[1] <= _FEW_TERMS and groups == 1
     return _ConvGeometry(strides, pads, dilations, groups, few)
 
 
@@ -586,12 +587,13 @@ def _unfinished_conv(x, w, geo: _ConvGeometry, kernel: str, out_hw) -> tuple[np.
     xp, n = array_module(x), x.shape[0]
     cols = _columns(x, (kh, kw), geo, out_hw)
     filters = w.reshape(g, m // g, cg * kh * kw)
-    if _layout(geo).batch_last:
-        # [OH * OW * N, M/g] per group: OpenBLAS runs the product with few output rows slower
-        out = matmul_nt(xp.swapaxes(cols, 1, 2), filters)
-        out = out.reshape((g,) + out_hw + (n, m // g)).transpose(3, 0, 4, 1, 2)
-    else:  # [M/g, N * OH * OW] per group (as fast here): NCHW in runs of OH * OW
-        out = pooled_matmul(filters, cols).reshape((g, m // g, n) + out_hw).transpose(2, 0, 1, 3, 4)
+    # [M/g, pixels] per group, then NCHW. [pixels, M/g] (the filters as the product's columns)
+    # ran slower on every shape measured with OpenBLAS 0.3.31's SkylakeX kernels, and its
+    # layout change moved runs of M/g: LeNet's 6->16 5x5 0.365 -> 0.235 ms, 64->64 5x5 on
+    # [32, 64, 28, 28] 40.2 -> 36.1 ms, 16->64 5x5 on 16x16 2.81 -> 2.17 ms (product + layout)
+    layout = _layout(geo)
+    out = pooled_matmul(filters, cols).reshape((g, m // g) + layout.shape(n, out_hw))
+    out = out.transpose((4, 0, 1, 2, 3) if layout.batch_last else (2, 0, 1, 3, 4))
     return xp.ascontiguousarray(out).reshape((n, m) + out_hw), (((kh, kw), geo), cols)
 
 

@@ -224,8 +224,8 @@ CONV_CASES = [
     ),
     conv_case((2, 5, 4, 3), (2, 3, 3, 2), {"data_format": "NHWC", "paddings": [1, 0]}, "nhwc"),
     conv_case((2, 3, 1, 1), (2, 3, 1, 1), {}, "size1"),
-    # more than 4 input channels: the batch-last im2col layout (fewer go images first)
-    conv_case((2, 5, 6, 5), (3, 5, 3, 2), {"paddings": [1, 0]}, "many_channels"),
+    # products of more than 32 terms: the batch-last im2col layout (fewer go images first)
+    conv_case((2, 6, 6, 5), (3, 6, 3, 2), {"paddings": [1, 0]}, "many_channels"),
     conv_case(
         (2, 6, 7, 6), (2, 6, 3, 3), {"dilations": [2, 1], "paddings": [1, 1]}, "many_dilated"
     ),
@@ -296,7 +296,7 @@ CONV_CASES = [
     ),
     conv_case((2, 1, 1, 1), (1, 2, 1, 1), {}, "size1", op="conv2d_transpose"),
     conv_case(
-        (2, 3, 4, 5), (3, 5, 3, 2), {"paddings": [1, 0]}, "many_channels", op="conv2d_transpose"
+        (2, 3, 4, 5), (3, 6, 3, 2), {"paddings": [1, 0]}, "many_channels", op="conv2d_transpose"
     ),
     conv_case(
         (2, 3, 3, 4),
