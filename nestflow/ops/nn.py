@@ -519,28 +519,32 @@ def _conv(
     geo: _ConvGeometry,
     finish: _Epilogue | None = None,
     first: int = 0,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, tuple | None]:
     """Convolution of x [N, C, H, W] with w [M, C/g, kh, kw]: ([N, M, OH, OW], what the
     filter gradient can reuse, as (tag, array), or None), `finish` applied to the output.
     Kernels by _kernel; im2col runs one GEMM per group over all images at once, as per-image
     GEMMs are too small on small images. x is images first.. of the op's batch (the
-    epilogue's residual rows)."""
+    epilogue's residual rows). out: a C-contiguous [N, M, OH, OW] to write (a chunk's slice
+    of the whole output), else a new array."""
     xp = array_module(x)
     m, cg, kh, kw = w.shape
-    g = geo.groups
+    g, n = geo.groups, x.shape[0]
     out_hw = geo.out_hw(x.shape[2:], (kh, kw))
-    kernel = _kernel(w.shape, geo, out_hw, x.dtype, x.shape[0])
+    kernel = _kernel(w.shape, geo, out_hw, x.dtype, n)
+    if out is None:
+        out = xp.empty((n, m) + out_hw, x.dtype)
     if kernel == "pointwise":
         pixels, filters = _per_image(_strided(x, geo), g), w.reshape(g, m // g, cg)
         if finish is None:
-            return xp.matmul(filters, pixels).reshape((x.shape[0], m) + out_hw), None
+            xp.matmul(filters, pixels, out=out.reshape(n, g, m // g, math.prod(out_hw)))
+            return out, None
         # image by image, each finished while its output is in cache
-        out = xp.empty((x.shape[0], m) + out_hw, x.dtype)
-        for i in range(x.shape[0]):
+        for i in range(n):
             xp.matmul(filters, pixels[i], out=out[i].reshape(g, m // g, -1))
             finish.apply(out[i : i + 1], first + i)
         return out, None
-    out, kept = _unfinished_conv(x, w, geo, kernel, out_hw)
+    kept = _unfinished_conv(x, w, geo, kernel, out_hw, out)
     if finish is not None:
         finish.apply(out, first)
     return out, kept
@@ -581,11 +585,10 @@ def _pooled_conv(x, w, geo: _ConvGeometry, finish, out_shape, device) -> tuple:
     out = array_module(x).empty(out_shape, x.dtype) if grain < n else None
 
     def body(start: int, stop: int):
-        part, kept = _conv(x[start:stop], w, geo, finish, start)
-        if out is None:  # one chunk: the whole output
-            return part, kept
-        out[start:stop] = part
-        return None, kept
+        part, kept = _conv(
+            x[start:stop], w, geo, finish, start, None if out is None else out[start:stop]
+        )
+        return (part if out is None else None), kept  # one chunk: the whole output
 
     parts = device.parallel_for(n, body, grain)
     if out is None:
@@ -593,13 +596,15 @@ def _pooled_conv(x, w, geo: _ConvGeometry, finish, out_shape, device) -> tuple:
     return out, (("chunks", grain), [kept for _, kept in parts])
 
 
-def _unfinished_conv(x, w, geo: _ConvGeometry, kernel: str, out_hw) -> tuple[np.ndarray, tuple]:
+def _unfinished_conv(x, w, geo: _ConvGeometry, kernel: str, out_hw, out) -> tuple:
+    """The conv by `kernel` (im2col or winograd) written into out [N, M, OH, OW]: what the
+    filter gradient can reuse, as (tag, array)."""
     m, cg, kh, kw = w.shape
     g = geo.groups
     if kernel == "winograd":
-        out, v = winograd.conv(x, w, geo.pads)
-        return out, (("winograd", geo), v)
-    xp, n = array_module(x), x.shape[0]
+        _, v = winograd.conv(x, w, geo.pads, out)
+        return ("winograd", geo), v
+    n = x.shape[0]
     cols = _columns(x, (kh, kw), geo, out_hw)
     filters = w.reshape(g, m // g, cg * kh * kw)
     # [M/g, pixels] per group, then NCHW. [pixels, M/g] (the filters as the product's columns)
@@ -607,38 +612,56 @@ def _unfinished_conv(x, w, geo: _ConvGeometry, kernel: str, out_hw) -> tuple[np.
     # layout change moved runs of M/g: LeNet's 6->16 5x5 0.365 -> 0.235 ms, 64->64 5x5 on
     # [32, 64, 28, 28] 40.2 -> 36.1 ms, 16->64 5x5 on 16x16 2.81 -> 2.17 ms (product + layout)
     layout = _layout(geo)
-    out = pooled_matmul(filters, cols).reshape((g, m // g) + layout.shape(n, out_hw))
-    out = out.transpose((4, 0, 1, 2, 3) if layout.batch_last else (2, 0, 1, 3, 4))
-    return xp.ascontiguousarray(out).reshape((n, m) + out_hw), (((kh, kw), geo), cols)
+    product = pooled_matmul(filters, cols).reshape((g, m // g) + layout.shape(n, out_hw))
+    order = (4, 0, 1, 2, 3) if layout.batch_last else (2, 0, 1, 3, 4)
+    out.reshape((n, g, m // g) + tuple(out_hw))[...] = product.transpose(order)
+    return ((kh, kw), geo), cols
 
 
-def _conv_input_grad(grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None) -> np.ndarray:
-    """d(conv)/d(input) applied to grad [N, M, OH, OW]: [N, C, H, W] for input size in_hw.
+def _conv_input_grad(
+    grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None, out=None
+) -> np.ndarray:
+    """d(conv)/d(input) applied to grad [N, M, OH, OW]: [N, C, H, W] for input size in_hw,
+    written into `out` (a C-contiguous [N, C, H, W], a chunk's slice of the whole) if given.
     grad_g: grad in _grouped_grad's layout, if the caller has it."""
     xp = array_module(grad)
     m, cg, kh, kw = w.shape
-    g = geo.groups
-    kernel = _kernel(w.shape, geo, grad.shape[2:], grad.dtype, grad.shape[0])
+    g, n = geo.groups, grad.shape[0]
+    kernel = _kernel(w.shape, geo, grad.shape[2:], grad.dtype, n)
     if kernel == "winograd":
         dx = winograd.input_grad(grad, w, geo.pads)
         if dx is not None:
-            return dx
+            return dx if out is None else _written(out, dx)
     if kernel == "pointwise":
-        dx = xp.matmul(w.reshape(g, m // g, cg).transpose(0, 2, 1), _per_image(grad, g))
-        dx = dx.reshape((grad.shape[0], g * cg) + grad.shape[2:])
+        wt = w.reshape(g, m // g, cg).transpose(0, 2, 1)
         if geo.strides == (1, 1):
-            return dx
-        full = xp.zeros((grad.shape[0], g * cg) + tuple(in_hw), grad.dtype)
+            into = None if out is None else out.reshape(n, g, cg, math.prod(grad.shape[2:]))
+            dx = xp.matmul(wt, _per_image(grad, g), out=into)
+            return dx.reshape((n, g * cg) + grad.shape[2:]) if out is None else out
+        full = xp.zeros((n, g * cg) + tuple(in_hw), grad.dtype) if out is None else out
+        if out is not None:
+            full[...] = 0
+        dx = xp.matmul(wt, _per_image(grad, g)).reshape((n, g * cg) + grad.shape[2:])
         full[:, :, :: geo.strides[0], :: geo.strides[1]] = dx
         return full
     grad_g = _grouped_grad(grad, geo) if grad_g is None else grad_g
     wt = w.reshape(g, m // g, cg * kh * kw).transpose(0, 2, 1)
     layout, out_hw = _layout(geo), grad.shape[2:]
-    cols = pooled_matmul(wt, grad_g).reshape((g * cg, kh, kw) + layout.shape(grad.shape[0], out_hw))
+    cols = pooled_matmul(wt, grad_g).reshape((g * cg, kh, kw) + layout.shape(n, out_hw))
     top, bottom, left, right = geo.pads
     h, wd = in_hw
     padded = _col2im(cols, (h + top + bottom, wd + left + right), geo, out_hw)
-    return layout.to_nchw(layout.window(padded, top, left, (1, 1), (h, wd)))
+    window = layout.window(padded, top, left, (1, 1), (h, wd))
+    if out is None:
+        return layout.to_nchw(window)
+    return _written(
+        out, window.transpose(3, 0, 1, 2) if layout.batch_last else window.swapaxes(0, 1)
+    )
+
+
+def _written(out: np.ndarray, value) -> np.ndarray:
+    out[...] = value
+    return out
 
 
 def _reused(kept: tuple | None, tag: tuple) -> np.ndarray | None:
@@ -924,11 +947,10 @@ def _pooled_conv_grads(x, grad, w, geo: _ConvGeometry, relu_first, needs, grain,
         shared = _grouped_grad(gs, geo) if kernel == "im2col" else None
         part = dw = None
         if needs[0]:
-            part = _conv_input_grad(gs, w, xs.shape[2:], geo, shared)
+            into = None if whole else dx[start:stop]
+            part = _conv_input_grad(gs, w, xs.shape[2:], geo, shared, into)
             if relu_first:
-                part = part * (xs > 0)
-            if not whole:
-                dx[start:stop] = part
+                part = array_module(part).multiply(part, xs > 0, out=into)
         if needs[1]:
             own = kept if whole else None if chunk_kept is None else chunk_kept[start // grain]
             dw = _conv_filter_grad(xs, gs, w.shape, geo, shared, own)

@@ -135,16 +135,16 @@ def _filter_blocks(m: int, c: int) -> int:
     return m if m * c < FILTER_BLOCKS_FROM else -(-m // FILTER_BLOCKS)
 
 
-def conv(x: np.ndarray, w: np.ndarray, pads) -> tuple[np.ndarray, np.ndarray]:
+def conv(x: np.ndarray, w: np.ndarray, pads, out=None) -> tuple[np.ndarray, np.ndarray]:
     """The 3x3 stride-1 correlation of x [N, C, H, W] with w [M, C, 3, 3], x padded by pads:
-    ([N, M, OH, OW], V for filter_grad)."""
+    ([N, M, OH, OW], written into `out` if given; V for filter_grad)."""
     xp = array_module(x)
     n, c, h, wd = x.shape
     m = w.shape[0]
     out_hw = (h + pads[0] + pads[1] - 2, wd + pads[2] + pads[3] - 2)
     bh, bw = _blocks(out_hw)
     v = input_transform(x, pads, out_hw)
-    out = xp.empty((n, m) + out_hw, x.dtype)
+    out = xp.empty((n, m) + out_hw, x.dtype) if out is None else out
 
     def filters(start: int, stop: int) -> None:
         k = stop - start

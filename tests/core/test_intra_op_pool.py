@@ -85,18 +85,25 @@ def test_grain_depends_on_the_shapes_only():
 
 def _conv_cases():
     rng = np.random.default_rng(0)
-    for k, pad, stride, groups, dtype in (
-        (3, 1, 1, 1, "float64"),  # Winograd
-        (3, 1, 2, 1, "float64"),  # im2col, strided
-        (1, 0, 1, 1, "float32"),  # pointwise
-        (3, 1, 1, 4, "float64"),  # grouped im2col
+    for k, pad, stride, groups, channels, dtype in (
+        (3, 1, 1, 1, 16, "float64"),  # Winograd
+        (3, 1, 2, 1, 16, "float64"),  # im2col, strided
+        (1, 0, 1, 1, 16, "float32"),  # pointwise
+        (1, 0, 2, 1, 16, "float64"),  # pointwise, strided
+        (3, 1, 1, 4, 16, "float64"),  # grouped im2col
+        (5, 2, 1, 1, 16, "float64"),  # im2col, batch last
+        (3, 1, 1, 1, 3, "float64"),  # im2col of few terms, images first
     ):
-        x = rng.standard_normal((13, 16, 12, 12)).astype(dtype)
-        w = rng.standard_normal((16, 16 // groups, k, k)).astype(dtype) / 8
+        x = rng.standard_normal((13, channels, 12, 12)).astype(dtype)
+        w = rng.standard_normal((16, channels // groups, k, k)).astype(dtype) / 8
         yield x, w, {"paddings": [pad, pad], "strides": [stride, stride], "groups": groups}
 
 
-@pytest.mark.parametrize("case", list(_conv_cases()), ids=["winograd", "strided", "1x1", "grouped"])
+@pytest.mark.parametrize(
+    "case",
+    list(_conv_cases()),
+    ids=["winograd", "strided", "1x1", "1x1_strided", "grouped", "batch_last", "few_terms"],
+)
 def test_chunked_conv_equals_the_plain_kernel(case, threads, monkeypatch):
     from nestflow.ops import nn
 
