@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -142,6 +143,33 @@ class DeviceContext:
         `integers`, `standard_normal`), made from the run's host generator."""
         return host_generator
 
+    def map_rows(self, fn: Callable[..., Any], out: Any, *arrays: Any) -> Any:
+        """out = fn(*arrays) for an elementwise fn (NumPy broadcasting), which writes its
+        result into the `out=` it is given: out's leading axis in chunks of at least
+        ROW_CHUNK_ELEMENTS elements on parallel_for. An array whose leading axis is out's
+        (same rank, same length) is sliced with it; any other (broadcast along it) goes
+        whole. An elementwise result has the same bits however it is split.
+
+        >>> out = np.empty(3)
+        >>> nf.device_context().map_rows(np.add, out, np.arange(3.0), 1.0).tolist()
+        [1.0, 2.0, 3.0]
+        """
+        n = out.shape[0] if out.ndim else 0
+        grain = chunk_grain(n, out.size // n, ROW_CHUNK_ELEMENTS) if n else 0
+        if grain >= n:
+            fn(*arrays, out=out)
+            return out
+
+        def rows(start: int, stop: int) -> None:
+            parts = [
+                a[start:stop] if getattr(a, "ndim", 0) == out.ndim and a.shape[0] == n else a
+                for a in arrays
+            ]
+            fn(*parts, out=out[start:stop])
+
+        self.parallel_for(n, rows, grain)
+        return out
+
     def parallel_for(self, n: int, body: Callable[[int, int], Any], grain: int = 1) -> list:
         """body(start, stop) over range(n) in chunks of `grain` items: the list of its results
         in chunk order. Here (a device place) one call over everything: the device runs the
@@ -179,6 +207,10 @@ def default_num_threads() -> int:
 
 
 MAX_CHUNKS = 8
+# An elementwise kernel (map_rows) splits its output in chunks of at least this many elements.
+# On the 2-vCPU EPYC at 2 threads relu over 2M float32 took 0.39 ms split against 0.64 whole,
+# over 1M 0.22 against 0.32; over 256K split in two it ran slower (0.097 against 0.080).
+ROW_CHUNK_ELEMENTS = 1 << 19
 
 
 def chunk_grain(
@@ -201,6 +233,34 @@ def chunk_grain(
         most = min(most, limit)
     chunks = min(most, n, n * item_cost // max(1, min_cost))
     return n if chunks < 2 else -(-n // chunks)
+
+
+def may_be_large(info: Any) -> bool:
+    """Whether a variable of `info`'s shape (-1: known when it runs) may be large enough for
+    map_rows to split."""
+    shape = info.shape
+    return -1 in shape or math.prod(shape) >= 2 * ROW_CHUNK_ELEMENTS
+
+
+def pooled_ufunc(ufunc: np.ufunc) -> Callable[..., np.ndarray]:
+    """`ufunc` over NumPy arrays with its output split across the CPU's intra-op pool
+    (map_rows) where its first operand has at least two chunks' elements; smaller calls go
+    straight to the ufunc.
+
+    >>> pooled_ufunc(np.add)(np.ones((2, 3)), np.arange(3.0)).tolist()
+    [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
+    """
+
+    def pooled(*arrays: Any, out: np.ndarray | None = None) -> np.ndarray:
+        if getattr(arrays[0], "size", 0) < 2 * ROW_CHUNK_ELEMENTS:
+            return ufunc(*arrays, out=out)
+        if out is None:
+            shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
+            out = np.empty(shape, np.result_type(*arrays))
+        return device_context().map_rows(ufunc, out, *arrays)
+
+    pooled.__name__ = f"pooled_{ufunc.__name__}"
+    return pooled
 
 
 def _cpu_threads() -> int:

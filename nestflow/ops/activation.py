@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from nestflow.core.device_context import ROW_CHUNK_ELEMENTS, device_context
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError
 from nestflow.ops.registry import (
@@ -79,7 +80,18 @@ def shared_zeros(x: np.ndarray) -> np.ndarray:
 
 
 def _relu(X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    if X.size >= 2 * ROW_CHUNK_ELEMENTS:  # on the intra-op pool
+        out = np.empty_like(X) if out is None else out
+        return device_context().map_rows(_relu_rows, out, X)
     return np.maximum(shared_zeros(X), X, out=out)
+
+
+def _relu_rows(X: np.ndarray, out: np.ndarray) -> np.ndarray:
+    return np.maximum(shared_zeros(X), X, out=out)
+
+
+def _relu_grad(Out_grad: np.ndarray, Out: np.ndarray, out: np.ndarray) -> np.ndarray:
+    return np.multiply(Out_grad, Out > 0, out=out)
 
 
 @register_op
@@ -107,6 +119,9 @@ class relu:
     def backward(X, Out, Out_grad, xp, out=None):
         if not Out.ndim:
             return (xp.asarray(Out_grad * (Out > 0)),)
+        if xp is np and Out.size >= 2 * ROW_CHUNK_ELEMENTS:
+            out = np.empty_like(Out_grad) if out is None else out
+            return (device_context().map_rows(_relu_grad, out, Out_grad, Out),)
         return (xp.multiply(Out_grad, Out > 0, out=out),)
 
     def double_backward(X, Out, Out_grad, dX, ddX, xp):

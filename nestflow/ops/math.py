@@ -7,7 +7,13 @@ import math
 
 import numpy as np
 
-from nestflow.core.device_context import device_context
+from nestflow.core.device_context import (
+    ROW_CHUNK_ELEMENTS,
+    device_context,
+    may_be_large,
+    pooled_ufunc,
+)
+from nestflow.core.dtype import is_floating
 from nestflow.core.selected_rows import SelectedRows
 from nestflow.errors import DTypeError
 from nestflow.ops.gemm import matmul_tn
@@ -56,12 +62,15 @@ def _infer_binary(X: VarInfo, Y: VarInfo, axis: int) -> VarInfo:
 
 def _ufunc_when_aligned(ufunc: str):
     """specialize() for a binary op: when Y already lines up with X's trailing dims and the
-    result is not 0-d (where ufuncs return NumPy scalars), the place's ufunc is the kernel."""
+    result is not 0-d (where ufuncs return NumPy scalars), the place's ufunc is the kernel
+    (on the CPU's pool for float X that may be large: pooled_ufunc)."""
 
     def specialize(X, Y, axis, xp):
         if X is None or Y is None or X.ndim == 0:
             return None
         if axis == -1 or axis + Y.ndim == X.ndim:
+            if xp is np and is_floating(X.dtype) and may_be_large(X):
+                return pooled_ufunc(getattr(np, ufunc))
             return getattr(xp, ufunc)
         return None
 
@@ -580,6 +589,8 @@ class sum:
     def forward(X, xp, device=None):
         if any(isinstance(x, SelectedRows) for x in X):
             return _sum_with_rows(X, xp, device or device_context())
+        if xp is np and _pooled_sum(X):
+            return device_context().map_rows(_add_all, np.empty_like(X[0]), *X)
         out = X[0]
         for x in X[1:]:
             out = out + x
@@ -592,6 +603,28 @@ class sum:
         return ([unbroadcast(Out_grad, x.shape) for x in X],)
 
     double_backward = linear_double(forward)
+
+
+def _pooled_sum(X) -> bool:
+    """Whether sum's dense arrays are alike and large enough for the CPU's pool (a gradient
+    summed over the ops that read a large activation)."""
+    first = X[0]
+    return (
+        len(X) > 1
+        and isinstance(first, np.ndarray)
+        and first.size >= 2 * ROW_CHUNK_ELEMENTS
+        and all(
+            type(x) is np.ndarray and x.shape == first.shape and x.dtype == first.dtype for x in X
+        )
+    )
+
+
+def _add_all(*X: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """X[0] + X[1] + ... in that order (sum's own), into out."""
+    np.add(X[0], X[1], out=out)
+    for x in X[2:]:
+        np.add(out, x, out=out)
+    return out
 
 
 def _sum_with_rows(X, xp, device):

@@ -300,3 +300,42 @@ def test_conv_net_training_past_the_chunk_cap_differs_in_the_last_bits_at_most(
     for a, b in zip(one, eight):
         scale = float(np.abs(a).max()) if a.size else 0.0
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * max(scale, 1.0))
+
+
+def test_large_elementwise_ops_split_across_the_pool_with_the_same_bits(threads, monkeypatch):
+    """relu, its gradient, elementwise_add (with Y broadcast) and sum (a gradient summed over
+    two readers) split outputs of 2M elements in rows across the pool (map_rows): the results
+    equal NumPy's whole-array ones bit for bit, at 1 and at 2 threads."""
+    main, startup = nf.Program(), nf.Program()
+    with nf.program_guard(main, startup):
+        x = nf.data("x", [-1, 512, 1024])
+        y = nf.data("y", [1024])
+        x.stop_gradient = False
+        a = nf.layers.relu(x)
+        c = nf.layers.elementwise_add(nf.layers.elementwise_add(a, y), a)
+        loss = nf.layers.reduce_sum(c)
+        grads = nf.gradients(loss, [x])
+    rng = np.random.default_rng(0)
+    feed = {
+        "x": rng.standard_normal((4, 512, 1024)).astype("float32"),
+        "y": rng.standard_normal(1024).astype("float32"),
+    }
+    relu = np.maximum(feed["x"], 0)
+    want_c = (relu + feed["y"]) + relu
+    want_dx = np.where(feed["x"] > 0, np.float32(2), np.float32(0))
+    ctx, splits = nf.device_context(), []
+    parallel_for = ctx.parallel_for
+
+    def counted(n, body, grain=1):
+        splits.append((n, grain))
+        return parallel_for(n, body, grain)
+
+    monkeypatch.setattr(ctx, "parallel_for", counted)
+    for n in (1, 2):
+        threads(n)
+        splits.clear()
+        got_c, got_dx = nf.Executor(nf.CPUPlace()).run(main, feed, [c, grads[0]])
+        np.testing.assert_array_equal(got_c, want_c)
+        np.testing.assert_array_equal(got_dx, want_dx)
+        # relu, two adds, relu_grad, the gradients' sum: rows of 512K elements, 4 chunks
+        assert splits.count((4, 1)) >= 5, splits
