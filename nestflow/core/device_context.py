@@ -252,11 +252,19 @@ def pooled_ufunc(ufunc: np.ufunc) -> Callable[..., np.ndarray]:
     """
 
     def pooled(*arrays: Any, out: np.ndarray | None = None) -> np.ndarray:
+        # out: a buffer the executor offers (memory reuse); one the result does not fit (a
+        # broadcast grew it) is left alone, as the plan does for a plain ufunc
         if getattr(arrays[0], "size", 0) < 2 * ROW_CHUNK_ELEMENTS:
-            return ufunc(*arrays, out=out)
-        if out is None:
-            shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
-            out = np.empty(shape, np.result_type(*arrays))
+            if out is None:
+                return ufunc(*arrays)
+            try:  # NumPy checks the shape and the cast before it writes anything
+                return ufunc(*arrays, out=out)
+            except (ValueError, TypeError):
+                return ufunc(*arrays)
+        shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
+        dtype = np.result_type(*arrays)
+        if out is None or out.shape != shape or out.dtype != dtype:
+            out = np.empty(shape, dtype)
         return device_context().map_rows(ufunc, out, *arrays)
 
     pooled.__name__ = f"pooled_{ufunc.__name__}"
