@@ -10,6 +10,7 @@ owns the intra-op thread budget; the CUDA one the device, its stream and memory 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import math
 import os
@@ -338,9 +339,11 @@ class CPUDeviceContext(DeviceContext):
 
     def parallel_for(self, n: int, body: Callable[[int, int], Any], grain: int = 1) -> list:
         """body(start, stop) over range(n) in chunks of `grain` items (the last one shorter):
-        the list of its results in chunk order. The chunks depend on n and grain only, never on
-        the thread count, so a kernel that combines per-chunk results in order gets the same
-        bits whatever nf.set_num_threads says. With one chunk, one thread, inside another
+        the list of its results in chunk order. The chunks depend on n and grain only (and a
+        grain from chunk_grain on the thread count only past its cap), so a kernel that
+        combines per-chunk results in order gets the same bits whatever nf.set_num_threads says
+        up to that cap. Chunks on the pool's threads run in a copy of the caller's context
+        (np.errstate holds there). With one chunk, one thread, inside another
         parallel_for, or while another thread runs one, the chunks run on the calling thread;
         otherwise on the pool (the calling thread included). Either way NumPy's BLAS runs at
         one thread inside the body (no oversubscription, and the same rounding: OpenBLAS's
@@ -390,7 +393,12 @@ class CPUDeviceContext(DeviceContext):
                     return
 
         with _single_threaded_blas():
-            helpers = [self._workers.submit(work) for _ in range(threads - 1)]
+            # each helper runs in a copy of the caller's context: NumPy keeps its error state
+            # (np.errstate) there, and a chunk must raise or warn as the caller asked
+            helpers = [
+                self._workers.submit(contextvars.copy_context().run, work)
+                for _ in range(threads - 1)
+            ]
             _IN_POOL.active = True
             try:
                 work()

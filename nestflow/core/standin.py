@@ -31,6 +31,7 @@ import contextlib
 import functools
 import operator
 import sys
+import threading
 import types
 from typing import Any
 
@@ -316,22 +317,24 @@ def _wrapped_callable(function, calls_blas: bool = False):
 # The functions that run on cuBLAS in CuPy (cuSOLVER for numpy.linalg): CuPy 14 refuses to
 # call either while a stream is being captured.
 _BLAS_FUNCTIONS = frozenset({"matmul", "dot", "vdot", "inner", "einsum", "tensordot"})
-_capturing = False
+# .active: this thread is capturing (CuPy refuses cuBLAS on the capturing stream alone)
+_capture = threading.local()
 
 
 @contextlib.contextmanager
 def capturing():
-    """An emulated CUDA-graph capture: matrix products raise inside it, as in CuPy."""
-    global _capturing
-    previous, _capturing = _capturing, True
+    """An emulated CUDA-graph capture on this thread: matrix products raise inside it, as in
+    CuPy."""
+    previous = getattr(_capture, "active", False)
+    _capture.active = True
     try:
         yield
     finally:
-        _capturing = previous
+        _capture.active = previous
 
 
 def _refuse_blas_in_capture() -> None:
-    if _capturing:
+    if getattr(_capture, "active", False):
         raise NotImplementedError(
             "calling cuBLAS API during stream capture is currently unsupported"
         )

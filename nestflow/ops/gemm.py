@@ -130,8 +130,9 @@ POOLED_MIN_DEPTH = 64
 def pooled_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b split across the CPU's intra-op pool: a stack of products by its leading axis
     (each product whole: the same bits as one call), a single one by its larger output axis
-    into blocks of rows or columns. The split depends on the shapes alone, never on the thread
-    count (so the bits do not either); inside a pool task (a conv already split by its batch)
+    into blocks of rows or columns. Up to 4 threads the split depends on the shapes alone
+    (past that, one block per thread); either way no element is summed across blocks, so the
+    bits do not depend on the thread count; inside a pool task (a conv already split by its batch)
     the chunks run on the calling thread. Small products and device arrays get one call.
     The products a conv runs on a handful of images (ResNet's 4x4 and 8x8 layers, a batch
     too small to split) are where this gives the pool work."""

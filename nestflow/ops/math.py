@@ -13,7 +13,7 @@ from nestflow.core.device_context import (
     may_be_large,
     pooled_ufunc,
 )
-from nestflow.core.dtype import is_floating
+from nestflow.core.dtype import LOW_PRECISION, in_float32, is_floating
 from nestflow.core.selected_rows import SelectedRows
 from nestflow.errors import DTypeError
 from nestflow.ops.gemm import matmul_tn
@@ -410,11 +410,16 @@ class matmul:
 
     def specialize(X, Y, transpose_X, transpose_Y, alpha, xp):
         # A plain product of two matrices (an RNN step's h @ W): the BLAS call alone.
-        if X is None or Y is None or (X.ndim, Y.ndim) != (2, 2):
+        if X is None or Y is None or (X.ndim, Y.ndim) != (2, 2) or X.dtype in LOW_PRECISION:
             return None
         return xp.matmul if not (transpose_X or transpose_Y) and alpha == 1.0 else None
 
     def forward(X, Y, transpose_X, transpose_Y, alpha, xp):
+        if X.dtype.name in LOW_PRECISION:
+            # summed in float32 and rounded once, as conv2d: NumPy's float16 product is a
+            # scalar loop, and CuPy 14.2 has no batched bfloat16 one
+            wide = matmul.forward(in_float32(X), in_float32(Y), transpose_X, transpose_Y, alpha, xp)
+            return wide.astype(X.dtype)
         x = X.reshape(_as_matrix(X.shape, True)) if X.ndim == 1 else X
         y = Y.reshape(_as_matrix(Y.shape, False)) if Y.ndim == 1 else Y
         x = xp.swapaxes(x, -1, -2) if transpose_X else x
@@ -427,6 +432,13 @@ class matmul:
         return xp.asarray(out)
 
     def backward(X, Y, Out, Out_grad, transpose_X, transpose_Y, alpha, xp, needs=(True, True)):
+        if X.dtype.name in LOW_PRECISION:  # as forward
+            wide = (in_float32(X), in_float32(Y), Out, in_float32(Out_grad))
+            dx, dy = matmul.backward(*wide, transpose_X, transpose_Y, alpha, xp, needs)
+            return (
+                None if dx is None else dx.astype(X.dtype),
+                None if dy is None else dy.astype(Y.dtype),
+            )
         if X.ndim == Y.ndim == 2 and not (transpose_X or transpose_Y) and alpha == 1.0:
             # The common matrix product: its two BLAS calls and nothing else (an RNN step).
             dx = Out_grad @ Y.T if needs[0] else None

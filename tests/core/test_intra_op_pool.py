@@ -77,7 +77,11 @@ def test_device_places_run_the_plain_body():
     assert ctx.parallel_for(7, lambda a, b: (a, b), 2) == [(0, 7)]
 
 
-def test_grain_depends_on_the_shapes_only():
+def test_grain_depends_on_the_shapes_only(threads):
+    """Up to a kernel's chunk cap (8 by default) the thread count does not change the grain."""
+    threads(1)
+    assert chunk_grain(32, 200_000, 1 << 17) == 4
+    threads(8)
     assert chunk_grain(32, 200_000, 1 << 17) == 4
     assert chunk_grain(32, 10, 1 << 17) == 32  # small: one chunk, the calling thread
     assert chunk_grain(0, 10, 1) == 0
@@ -339,3 +343,21 @@ def test_large_elementwise_ops_split_across_the_pool_with_the_same_bits(threads,
         np.testing.assert_array_equal(got_dx, want_dx)
         # relu, two adds, relu_grad, the gradients' sum: rows of 512K elements, 4 chunks
         assert splits.count((4, 1)) >= 5, splits
+
+
+def test_chunks_on_the_pool_keep_the_callers_numpy_error_state(threads):
+    """np.errstate lives in the caller's context: every chunk, on whichever thread, sees it
+    (a large elementwise_div with one zero raised on some runs only before)."""
+    threads(2)
+    ctx = nf.device_context()
+    with np.errstate(divide="raise", invalid="ignore"):
+        seen = ctx.parallel_for(8, lambda a, b: (np.geterr()["divide"], np.geterr()["invalid"]), 1)
+    assert seen == [("raise", "ignore")] * 8
+    from nestflow.core.device_context import pooled_ufunc
+
+    x = np.ones((4, 512, 1024), np.float32)
+    y = x.copy()
+    y[3, 0, 0] = 0  # in the last chunk
+    for _ in range(5):
+        with np.errstate(divide="raise"), pytest.raises(FloatingPointError):
+            pooled_ufunc(np.divide)(x, y)
