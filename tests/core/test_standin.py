@@ -1,5 +1,7 @@
 """The stand-in device's CuPy-like behaviour (nestflow/core/standin.py); the device code paths
 it runs are tested through tests/executor/test_places.py and the op harness."""
+
+
 def test_an_emulated_capture_refuses_matrix_products_on_its_own_thread_only():
     """CuPy refuses cuBLAS on the capturing stream; another thread's products go on."""
     import threading
