@@ -7,7 +7,10 @@ time, for minutes), writing every figure to one report file.
 2. the digits MLP, conv, RNN, sentiment and translation demos trained on the GPU, against their CPU accuracies;
 3. a model trained and saved on the GPU, loaded on the CPU: parameters bit for bit, predictions;
 4. W1/W3/W8/W9/W10 train steps against PyTorch CUDA eager in the same process (median of
-   interleaved rounds), and W1's peak GPU memory next to PyTorch's.
+   interleaved rounds), and W1's peak GPU memory next to PyTorch's;
+5. issue 29's CPU workloads (W9, W13, W14, W1/W8/W10) at 1, 2, 4, ... threads up to the
+   host's cores, against PyTorch on the CPU (the GPU machines have 16 cores; bench/*.py with
+   NF_BENCH_THREADS, 3 interleaved rounds each), within --cpu-scaling-s seconds (0: skip).
 
 Sections 1 and 2 run in child processes while this one waits; sections 3 and 4 run after them,
 so the timings have the GPU to themselves. It needs CuPy and PyTorch CUDA, which the GPU machines hold, and
@@ -45,6 +48,7 @@ def main() -> int:
     parser.add_argument("--torch-device", default="cuda")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--skip-ops", action="store_true")
+    parser.add_argument("--cpu-scaling-s", type=int, default=300)
     args = parser.parse_args()
     started = time.perf_counter()
     global REPORT_DIR
@@ -79,6 +83,11 @@ def main() -> int:
     benchmarks = report.guarded(bench_rows, nf, place, args.torch_device, args.rounds)
     report.section("Where the device time goes: nf.profiler('GPU'), 10 steps each, top op types")
     report.guarded(op_profiles, nf, place)
+    if args.cpu_scaling_s > 0:
+        report.section(
+            "The CPU's cores: issue 29's workloads by thread count (nestflow / PyTorch CPU)"
+        )
+        report.guarded(cpu_scaling, args.cpu_scaling_s)
     report.section("Summary")
     if benchmarks:
         report.line(benchmarks)
@@ -226,6 +235,55 @@ def _python_path() -> str:
 
 _START = time.perf_counter()
 REPORT_DIR = Path(".")  # where the report and the child processes' logs go (set by main)
+
+
+# ---- 5. the CPU's cores ----
+
+# each workload's share of --cpu-scaling-s (W13's train step is the longest)
+CPU_WORKLOADS = {
+    "w9_conv": 0.23,
+    "w13_resnet18": 0.37,
+    "w14_bn_pool": 0.13,
+    "threads_scaling": 0.27,
+}
+
+
+def cpu_scaling(budget_s: int) -> str:
+    """Each workload's scaling rows at 1, 2, 4, ... threads up to the host's cores, run in a
+    child process each (its own thread pools): each measurement's one-line summary, then the
+    tables."""
+    cores = os.cpu_count() or 1
+    counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= cores]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT), str(ROOT / "bench"), os.environ.get("PYTHONPATH", "")]
+        ),
+        NF_BENCH_THREADS=",".join(map(str, counts)),
+        NF_BENCH_ROUNDS="3",
+    )
+    lines = [f"- {cores} cores; thread counts {counts}; 3 interleaved rounds each"]
+    tables = []
+    for name, share in CPU_WORKLOADS.items():
+        command = [sys.executable, str(ROOT / "bench" / f"{name}.py")]
+        try:
+            done = subprocess.run(
+                command,
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=max(10, int(budget_s * share)),
+            )
+            summary = [line for line in done.stderr.splitlines() if line.startswith("[")]
+            lines.append(f"- {name}: exit {done.returncode}")
+            tables.append(done.stdout)
+        except subprocess.TimeoutExpired as exc:
+            stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+            summary = [line for line in stderr.splitlines() if line.startswith("[")]
+            lines.append(f"- {name}: cut at {int(budget_s * share)} s (what it measured is below)")
+        lines += [f"  - {line}" for line in summary]
+    return "\n".join(lines + ["```", *tables, "```"])
 
 
 def _elapsed() -> float:
