@@ -554,11 +554,11 @@ def _conv(
 # multiply-adds (about 0.3 ms of single-threaded GEMM: the pool's ~50 us per call stays small
 # beside it) and _CONV_CHUNK_PIXELS output pixels (narrower GEMMs run slower, and Winograd needs
 # enough 4x4 blocks per chunk), at most _CONV_MAX_CHUNKS of them, or one per thread with more
-# threads (chunk_grain). Measured on the 2-vCPU EPYC
-# (OpenBLAS Haswell kernels), 4 chunks beat 2 and 8 at 1 and at 2 threads: W9 3x3 34.6 / 19.5
-# ms (8 chunks: 40.6 / 22.3), W13's ResNet-18 step 737 / 516 ms (8: 779 / 538; unchunked:
-# 764 / 741). Up to 4 threads the chunks depend on the shapes only, so the filter gradient's
-# sum over chunks has the same bits whatever the thread count. A small conv's chunks are mostly Python and
+# threads (chunk_grain). Measured on the 2-vCPU EPYC (OpenBLAS Haswell kernels), 4 chunks
+# beat 2 and 8 at 1 and at 2 threads: W9 3x3 34.6 / 19.5 ms (8 chunks: 40.6 / 22.3), W13's
+# ResNet-18 step 737 / 516 ms (8: 779 / 538; unchunked: 764 / 741). Up to 4 threads the
+# chunks depend on the shapes only, so the filter gradient's sum over chunks has the same
+# bits whatever the thread count. A small conv's chunks are mostly Python and
 # small copies that hold the GIL, so the least work per chunk is 8M multiply-adds: LeNet's
 # (W8) convs, 5.5M and 9.8M in all, split in chunks of 2M made its step 4.9 ms at 2 threads
 # and 4.4 at 1; whole, 3.9 and 4.1 (PyTorch: 2.0 and 3.4).
