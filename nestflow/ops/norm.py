@@ -21,7 +21,12 @@ import threading
 
 import numpy as np
 
-from nestflow.core.device_context import array_module, chunk_grain
+from nestflow.core.device_context import (
+    ROW_CHUNK_ELEMENTS,
+    array_module,
+    chunk_grain,
+    device_context,
+)
 from nestflow.core.dtype import LOW_PRECISION, in_float32, is_floating
 from nestflow.errors import AttrError, DTypeError
 from nestflow.ops.registry import Required, VarInfo, fail, register_op
@@ -413,6 +418,20 @@ def _rows_and_width(shape: tuple[int, ...], axis: int) -> tuple[int, int]:
     return rows, width
 
 
+def _normalized_rows(x, Scale, Bias, epsilon: float, xp) -> tuple:
+    """layer_norm of the rows of x [rows, width]: (y, mean, variance), each row on its own (a
+    slice of the rows gives those rows' bits)."""
+    mean = x.mean(axis=1)
+    centered = x - mean[:, None]
+    var = xp.mean(xp.square(centered), axis=1)
+    y = centered * (1.0 / xp.sqrt(var + x.dtype.type(epsilon)))[:, None]
+    if Scale is not None:
+        y = y * Scale
+    if Bias is not None:
+        y = y + Bias
+    return y, mean, var
+
+
 @register_op
 class layer_norm:
     """X flattened to 2-D [rows, width] at begin_norm_axis; each row normalised:
@@ -442,14 +461,19 @@ class layer_norm:
         dtype, X = X.dtype, in_float32(X)
         rows, width = _rows_and_width(X.shape, begin_norm_axis)
         x = X.reshape(rows, width)
-        mean = x.mean(axis=1)
-        centered = x - mean[:, None]
-        var = xp.mean(xp.square(centered), axis=1)
-        y = centered * (1.0 / xp.sqrt(var + X.dtype.type(epsilon)))[:, None]
-        if Scale is not None:
-            y = y * Scale
-        if Bias is not None:
-            y = y + Bias
+        if xp is np and X.size >= 2 * ROW_CHUNK_ELEMENTS:  # rows on the intra-op pool
+            y = np.empty((rows, width), X.dtype)
+            mean, var = np.empty(rows, X.dtype), np.empty(rows, X.dtype)
+
+            def part(start: int, stop: int) -> None:
+                y[start:stop], mean[start:stop], var[start:stop] = _normalized_rows(
+                    x[start:stop], Scale, Bias, epsilon, np
+                )
+
+            grain = chunk_grain(rows, width, ROW_CHUNK_ELEMENTS)
+            device_context().parallel_for(rows, part, grain)
+        else:
+            y, mean, var = _normalized_rows(x, Scale, Bias, epsilon, xp)
         return y.reshape(X.shape).astype(dtype, copy=False), mean, var
 
     def backward(

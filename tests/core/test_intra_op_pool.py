@@ -361,3 +361,56 @@ def test_chunks_on_the_pool_keep_the_callers_numpy_error_state(threads):
     for _ in range(5):
         with np.errstate(divide="raise"), pytest.raises(FloatingPointError):
             pooled_ufunc(np.divide)(x, y)
+
+
+@pytest.mark.parametrize(
+    "op_type,shape,attrs",
+    [
+        ("softmax", (8, 8, 128, 128), {"axis": -1}),
+        ("softmax", (64, 1000, 20), {"axis": 1}),
+        ("layer_norm", (64, 128, 128), {"begin_norm_axis": 2}),
+        ("layer_norm", (32, 64, 32, 32), {"begin_norm_axis": 1}),
+    ],
+)
+def test_large_row_wise_ops_split_by_rows_with_the_same_bits(
+    op_type, shape, attrs, threads, monkeypatch
+):
+    """softmax (forward and gradient, normalised along any axis but the first) and layer_norm's
+    forward compute each row on its own: split across the pool by rows, the bits equal the
+    whole-array computation's, at 1 and at 2 threads."""
+    import nestflow.core.device_context as dc
+    from nestflow.ops import activation, norm
+
+    op = get_op_def(op_type)
+    full = {**{n: s.default for n, s in op.attrs.items()}, **attrs}
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype("float32")
+    g = rng.standard_normal(shape).astype("float32")
+
+    def run():
+        if op_type == "softmax":
+            out = op.forward(x, xp=np, **full)
+            return [out, op.backward(x, out, g, xp=np, **full)[0]]
+        width = int(np.prod(shape[attrs["begin_norm_axis"] :]))
+        scale, bias = rng.standard_normal(width).astype("float32"), np.zeros(width, "float32")
+        return list(op.forward(x, scale, bias, xp=np, **full))
+
+    rng = np.random.default_rng(1)
+    for module in (dc, activation, norm):
+        monkeypatch.setattr(module, "ROW_CHUNK_ELEMENTS", 1 << 40, raising=False)
+    want = run()
+    for module in (dc, activation, norm):
+        monkeypatch.setattr(module, "ROW_CHUNK_ELEMENTS", 1 << 19, raising=False)
+    ctx, splits = nf.device_context(), []
+    parallel_for = ctx.parallel_for
+    monkeypatch.setattr(
+        ctx,
+        "parallel_for",
+        lambda n, body, grain=1: splits.append(grain < n) or parallel_for(n, body, grain),
+    )
+    for n in (1, 2):
+        threads(n)
+        rng = np.random.default_rng(1)
+        for got, expected in zip(run(), want):
+            np.testing.assert_array_equal(got, expected)
+    assert any(splits)
