@@ -27,12 +27,18 @@ BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 LOW_PRECISION = ("float16", "bfloat16")
 
 
+def is_low_precision(dtype: np.dtype) -> bool:
+    """Whether a NumPy/CuPy dtype is float16 or bfloat16 (ml_dtypes files it under kind "V"):
+    a kernel's per-call test, ~0.04 us where `dtype.name in LOW_PRECISION` takes ~1.5 us."""
+    return dtype.itemsize == 2 and (dtype.kind == "f" or dtype == BFLOAT16)
+
+
 def in_float32(array):
     """A float16/bfloat16 array in float32 (others as they are): what kernels accumulate sums
     of low-precision values in, as Fluid's and PyTorch's half kernels do. NumPy's float16
     matrix product is a scalar loop (~200x slower than float32 here), and CuPy 14 has no
     bfloat16 batched matrix product."""
-    return array.astype(np.float32) if array.dtype.name in LOW_PRECISION else array
+    return array.astype(np.float32) if is_low_precision(array.dtype) else array
 
 
 # Fluid's VarType.Type codes of the tensor dtypes (framework.proto of Paddle 1.x).

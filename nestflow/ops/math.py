@@ -13,7 +13,7 @@ from nestflow.core.device_context import (
     may_be_large,
     pooled_ufunc,
 )
-from nestflow.core.dtype import LOW_PRECISION, in_float32, is_floating
+from nestflow.core.dtype import LOW_PRECISION, in_float32, is_floating, is_low_precision
 from nestflow.core.selected_rows import SelectedRows
 from nestflow.errors import DTypeError
 from nestflow.ops.gemm import matmul_tn
@@ -415,7 +415,7 @@ class matmul:
         return xp.matmul if not (transpose_X or transpose_Y) and alpha == 1.0 else None
 
     def forward(X, Y, transpose_X, transpose_Y, alpha, xp):
-        if X.dtype.name in LOW_PRECISION:
+        if is_low_precision(X.dtype):
             # summed in float32 and rounded once, as conv2d: NumPy's float16 product is a
             # scalar loop, and CuPy 14.2 has no batched bfloat16 one
             wide = matmul.forward(in_float32(X), in_float32(Y), transpose_X, transpose_Y, alpha, xp)
@@ -432,7 +432,7 @@ class matmul:
         return xp.asarray(out)
 
     def backward(X, Y, Out, Out_grad, transpose_X, transpose_Y, alpha, xp, needs=(True, True)):
-        if X.dtype.name in LOW_PRECISION:  # as forward
+        if is_low_precision(X.dtype):  # as forward
             wide = (in_float32(X), in_float32(Y), Out, in_float32(Out_grad))
             dx, dy = matmul.backward(*wide, transpose_X, transpose_Y, alpha, xp, needs)
             return (
@@ -601,7 +601,7 @@ class sum:
     def forward(X, xp, device=None):
         if any(isinstance(x, SelectedRows) for x in X):
             return _sum_with_rows(X, xp, device or device_context())
-        if xp is np and _pooled_sum(X):
+        if xp is np and getattr(X[0], "size", 0) >= 2 * ROW_CHUNK_ELEMENTS and _pooled_sum(X):
             return device_context().map_rows(_add_all, np.empty_like(X[0]), *X)
         out = X[0]
         for x in X[1:]:
@@ -624,7 +624,6 @@ def _pooled_sum(X) -> bool:
     return (
         len(X) > 1
         and isinstance(first, np.ndarray)
-        and first.size >= 2 * ROW_CHUNK_ELEMENTS
         and all(
             type(x) is np.ndarray and x.shape == first.shape and x.dtype == first.dtype for x in X
         )

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nestflow.core.device_context import array_module, chunk_grain
-from nestflow.core.dtype import LOW_PRECISION, in_float32, is_floating
+from nestflow.core.dtype import in_float32, is_floating, is_low_precision
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import conv_cuda, winograd
 from nestflow.ops.activation import shared_zeros
@@ -811,7 +811,7 @@ def _narrowed(result, dtype):
 
 
 def _conv_forward(Input, Filter, Bias, ResidualData, relu_first: bool, attrs: dict, device=None):
-    if Input.dtype.name in LOW_PRECISION:
+    if is_low_precision(Input.dtype):
         wide = _wide_operands(Input, Filter, Bias, ResidualData)
         # (is_test: the float32 columns are not kept; the gradient widens its operands again)
         out = _conv_forward(*wide, relu_first, dict(attrs, is_test=True), device)
@@ -841,7 +841,7 @@ def _conv_backward(
     Input, Filter, Bias, ResidualData, Output, Output_grad, relu_first, attrs, needs, device=None
 ):
     """Gradients of Input, Filter, Bias and ResidualData (None where not needed)."""
-    if Input.dtype.name in LOW_PRECISION:
+    if is_low_precision(Input.dtype):
         wide = _wide_operands(Input, Filter, Bias, ResidualData, Output, Output_grad)
         grads = _conv_backward(*wide, relu_first, attrs, needs, device)
         dtypes = [None if a is None else a.dtype for a in (Input, Filter, Bias, ResidualData)]
