@@ -229,10 +229,11 @@ def chunk_grain(
     >>> chunk_grain(32, 200_000, 1 << 17, limit=4), chunk_grain(32, 10, 1 << 17)
     (8, 32)
     """
-    most = max(max_chunks, _cpu_threads())
+    chunks = min(n, n * item_cost // max(1, min_cost))
+    if chunks > max_chunks:  # (the thread count is looked up only where it can matter)
+        chunks = min(chunks, max(max_chunks, _cpu_threads()))
     if limit is not None:
-        most = min(most, limit)
-    chunks = min(most, n, n * item_cost // max(1, min_cost))
+        chunks = min(chunks, limit)
     return n if chunks < 2 else -(-n // chunks)
 
 

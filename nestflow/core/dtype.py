@@ -33,6 +33,11 @@ def is_low_precision(dtype: np.dtype) -> bool:
     return dtype.itemsize == 2 and (dtype.kind == "f" or dtype == BFLOAT16)
 
 
+def rounded_to(result, dtype):
+    """A result computed in float32 (in_float32) rounded back to `dtype` (None stays None)."""
+    return result if result is None or result.dtype == dtype else result.astype(dtype)
+
+
 def in_float32(array):
     """A float16/bfloat16 array in float32 (others as they are): what kernels accumulate sums
     of low-precision values in, as Fluid's and PyTorch's half kernels do. NumPy's float16

@@ -13,7 +13,13 @@ from nestflow.core.device_context import (
     may_be_large,
     pooled_ufunc,
 )
-from nestflow.core.dtype import LOW_PRECISION, in_float32, is_floating, is_low_precision
+from nestflow.core.dtype import (
+    LOW_PRECISION,
+    in_float32,
+    is_floating,
+    is_low_precision,
+    rounded_to,
+)
 from nestflow.core.selected_rows import SelectedRows
 from nestflow.errors import DTypeError
 from nestflow.ops.gemm import matmul_tn
@@ -419,7 +425,7 @@ class matmul:
             # summed in float32 and rounded once, as conv2d: NumPy's float16 product is a
             # scalar loop, and CuPy 14.2 has no batched bfloat16 one
             wide = matmul.forward(in_float32(X), in_float32(Y), transpose_X, transpose_Y, alpha, xp)
-            return wide.astype(X.dtype)
+            return rounded_to(wide, X.dtype)
         x = X.reshape(_as_matrix(X.shape, True)) if X.ndim == 1 else X
         y = Y.reshape(_as_matrix(Y.shape, False)) if Y.ndim == 1 else Y
         x = xp.swapaxes(x, -1, -2) if transpose_X else x
@@ -435,10 +441,7 @@ class matmul:
         if is_low_precision(X.dtype):  # as forward
             wide = (in_float32(X), in_float32(Y), Out, in_float32(Out_grad))
             dx, dy = matmul.backward(*wide, transpose_X, transpose_Y, alpha, xp, needs)
-            return (
-                None if dx is None else dx.astype(X.dtype),
-                None if dy is None else dy.astype(Y.dtype),
-            )
+            return rounded_to(dx, X.dtype), rounded_to(dy, Y.dtype)
         if X.ndim == Y.ndim == 2 and not (transpose_X or transpose_Y) and alpha == 1.0:
             # The common matrix product: its two BLAS calls and nothing else (an RNN step).
             dx = Out_grad @ Y.T if needs[0] else None

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nestflow.core.device_context import array_module, chunk_grain
-from nestflow.core.dtype import in_float32, is_floating, is_low_precision
+from nestflow.core.dtype import in_float32, is_floating, is_low_precision, rounded_to
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import conv_cuda, winograd
 from nestflow.ops.activation import shared_zeros
@@ -805,11 +805,6 @@ def _wide_operands(*arrays) -> tuple:
     return tuple(None if a is None else in_float32(a) for a in arrays)
 
 
-def _narrowed(result, dtype):
-    """result rounded to dtype (None stays None)."""
-    return result if result is None or result.dtype == dtype else result.astype(dtype)
-
-
 def _conv_forward(Input, Filter, Bias, ResidualData, relu_first: bool, attrs: dict, device=None):
     if is_low_precision(Input.dtype):
         wide = _wide_operands(Input, Filter, Bias, ResidualData)
@@ -845,7 +840,7 @@ def _conv_backward(
         wide = _wide_operands(Input, Filter, Bias, ResidualData, Output, Output_grad)
         grads = _conv_backward(*wide, relu_first, attrs, needs, device)
         dtypes = [None if a is None else a.dtype for a in (Input, Filter, Bias, ResidualData)]
-        return tuple(_narrowed(g, d) for g, d in zip(grads, dtypes))
+        return tuple(rounded_to(g, d) for g, d in zip(grads, dtypes))
     channel_last = _check_layout(attrs["data_format"])
     if _fused_relu(attrs):  # Output is after the relu: positive exactly where the sum was
         Output_grad = Output_grad * (Output > 0)
@@ -1195,14 +1190,14 @@ class conv2d_transpose:
         channel_last, x, geo, out_hw = _transpose_setup(Input, Filter, attrs)
         x, w = _wide_operands(x, Filter)
         out = _from_nchw(_conv_input_grad(x, w, out_hw, geo), channel_last)
-        return _narrowed(out, Input.dtype)
+        return rounded_to(out, Input.dtype)
 
     def backward(Input, Filter, Output, Output_grad, needs=(True, True), **attrs):
         channel_last, x, geo, _ = _transpose_setup(Input, Filter, attrs)
         x, w, grad = _wide_operands(x, Filter, _nchw(Output_grad, channel_last))
         dx = _from_nchw(_conv(grad, w, geo)[0], channel_last) if needs[0] else None
         dw = _conv_filter_grad(grad, x, Filter.shape, geo) if needs[1] else None
-        return _narrowed(dx, Input.dtype), _narrowed(dw, Filter.dtype)
+        return rounded_to(dx, Input.dtype), rounded_to(dw, Filter.dtype)
 
     def forward_cuda(Input, Filter, device=None, **attrs):
         channel_last, x, geo, out_hw = _transpose_setup(Input, Filter, attrs)
