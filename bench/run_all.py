@@ -92,9 +92,16 @@ def blas() -> str:
     """NumPy's BLAS and the kernels it chose for this CPU (OpenBLAS's core type)."""
     from threadpoolctl import threadpool_info
 
+    # an environment may force OpenBLAS's kernels (some hosts set OPENBLAS_CORETYPE=Haswell, the
+    # AVX2 kernels, for old OpenBLAS builds): the figures depend on it, so the header says so
+    forced = os.environ.get("OPENBLAS_CORETYPE")
     for info in threadpool_info():
         if info.get("user_api") == "blas":
-            return f"{info.get('internal_api')} {info.get('version')}, {info.get('architecture')} kernels"
+            return (
+                f"{info.get('internal_api')} {info.get('version')}, "
+                f"{info.get('architecture')} kernels"
+                + (f" (forced by OPENBLAS_CORETYPE={forced})" if forced else "")
+            )
     return "BLAS unknown"
 
 

@@ -56,7 +56,15 @@ def threads_summary() -> str:
     """One line for a program's start: the thread budget and how to change it."""
     from threadpoolctl import threadpool_info
 
-    names = sorted({p["internal_api"] for p in threadpool_info() if p["user_api"] == "blas"})
+    # the kernels matter as much as the threads: OpenBLAS's AVX2 ones (Haswell) run float32
+    # products at about half the speed of its AVX-512 ones (SkylakeX) on a CPU that has both
+    names = sorted(
+        f"{p['internal_api']} {p['architecture']} kernels"
+        if p.get("architecture")
+        else p["internal_api"]
+        for p in threadpool_info()
+        if p["user_api"] == "blas"
+    )
     return (
         f"threads: {get_num_threads()} (intra-op pool and BLAS, "
         f"{', '.join(names) or 'no BLAS loaded'}; "
