@@ -438,20 +438,36 @@ _POINTWISE_MIN_WORK = 1 << 20
 _POINTWISE_NARROWEST = 64
 
 
-# Winograd runs on at least this many 4x4 output blocks (over the whole batch). Below, its
-# filter transform and small-width GEMMs cost more than they save: a 512-channel conv of one
-# 7x7 image (4 blocks) takes 3x the im2col kernel's time; from 16 blocks on (one 14x14 image,
-# four 7x7 ones) the two are even or Winograd is faster (ResNet-50 at batch 8: 3% faster
-# overall than with im2col on its 7x7 convs).
-_WINOGRAD_MIN_BLOCKS = 16
+# Winograd pays for its filter transform (36 x M x C values a call) and tile copies over enough
+# 4x4 output blocks (over the batch): at least _WINOGRAD_MIN_BLOCKS where nearly every
+# computed output is used (_WINOGRAD_USED of them: 28x28, 8x8 or 4x4 images), at least
+# _WINOGRAD_ANY_BLOCKS where many are cut off (7x7 and 14x14 images compute 8x8 and 16x16:
+# 77% used). Measured fwd + both gradients on the 2-vCPU EPYC (OpenBLAS SkylakeX kernels),
+# Winograd / im2col ms at 1 thread (2 threads): 512->512 on [32, 512, 4, 4] (32 blocks,
+# ResNet-18's last stage) 41.4 / 35.3 (27.1 / 20.3); on [64, 512, 4, 4] 55.8 / 69.5 (36.3 /
+# 40.2); 256->256 on [8, 256, 8, 8] (32) 9.0 / 8.9 (6.1 / 5.3), [12, ...] (48) 11.9 / 13.9
+# (7.6 / 8.5); 512->512 on [16, 512, 7, 7] (64 blocks) 57.4 / 52.9 (36.7 / 30.0), [32, ...]
+# 88.1 / 104.9 (51.8 / 59.4); 256->256 on [4, 256, 14, 14] (64) 14.7 / 14.0 (10.2 / 8.6),
+# [8, ...] 22.7 / 28.5 (15.4 / 17.2).
+_WINOGRAD_MIN_BLOCKS = 48
+_WINOGRAD_ANY_BLOCKS = 128
+_WINOGRAD_USED = 0.85
+
+
+def _winograd_pays(out_hw, batch: int) -> bool:
+    """Whether `batch` images of out_hw outputs have enough 4x4 output blocks for Winograd."""
+    blocks = -(-out_hw[0] // 4) * -(-out_hw[1] // 4) * batch
+    used = out_hw[0] * out_hw[1] * batch / max(1, 16 * blocks)
+    return blocks >= _WINOGRAD_ANY_BLOCKS or (
+        blocks >= _WINOGRAD_MIN_BLOCKS and used >= _WINOGRAD_USED
+    )
 
 
 def _kernel(w_shape, geo: _ConvGeometry, out_hw, dtype, batch: int) -> str:
     """Which kernels compute a conv of `batch` images with out_hw outputs each: "winograd"
     (3x3, stride 1, enough 4x4 output blocks), "pointwise" (1x1 unpadded, on large images or
     with many channels) or "im2col" (everything else)."""
-    blocks = -(-out_hw[0] // 4) * -(-out_hw[1] // 4) * batch
-    if blocks >= _WINOGRAD_MIN_BLOCKS and winograd.applies(
+    if _winograd_pays(out_hw, batch) and winograd.applies(
         w_shape, geo.strides, geo.dilations, geo.groups, dtype
     ):
         return "winograd"

@@ -113,6 +113,7 @@ def test_chunked_conv_equals_the_plain_kernel(case, threads, monkeypatch):
 
     monkeypatch.setattr(nn, "_CONV_CHUNK_WORK", 1)  # chunks even on these small shapes
     monkeypatch.setattr(nn, "_CONV_CHUNK_PIXELS", 1)
+    monkeypatch.setattr(nn, "_WINOGRAD_MIN_BLOCKS", 1)  # and Winograd in every chunk
     threads(2)
     x, w, attrs = case
     conv = get_op_def("conv2d")

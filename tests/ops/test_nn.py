@@ -510,7 +510,7 @@ def winograd_for_any_channels(monkeypatch):
     """Route every eligible conv (3x3, stride 1, one group) through Winograd, whatever its
     channels and output size; counts the Winograd convolutions run."""
     monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
-    monkeypatch.setattr(nn_ops, "_WINOGRAD_MIN_BLOCKS", 0)
+    monkeypatch.setattr(nn_ops, "_winograd_pays", lambda out_hw, batch: True)
     calls = []
     conv = winograd.conv
 
@@ -555,13 +555,13 @@ def test_winograd_path(case, winograd_for_any_channels):
 
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 1e-4)])
 def test_winograd_at_its_channel_threshold_agrees_with_im2col(dtype, tol, monkeypatch):
-    """16 channels in and out over 64 output blocks take Winograd by default; the im2col
-    kernels (checked above against the references) must give the same output and
-    gradients."""
-    x, w = normal(4, 16, 16, 13, dtype=dtype), normal(16, 16, 3, 3, dtype=dtype)
-    upstream = normal(4, 16, 16, 13, dtype=dtype)
+    """16 channels in and out over 128 output blocks (the last cut short: 13 columns) take
+    Winograd by default; the im2col kernels (checked above against the references) must give
+    the same output and gradients."""
+    x, w = normal(8, 16, 16, 13, dtype=dtype), normal(16, 16, 3, 3, dtype=dtype)
+    upstream = normal(8, 16, 16, 13, dtype=dtype)
     geo = nn_ops._ConvGeometry((1, 1), (1, 1, 1, 1), (1, 1), 1)
-    assert nn_ops._kernel(w.shape, geo, (16, 13), x.dtype, 4) == "winograd"
+    assert nn_ops._kernel(w.shape, geo, (16, 13), x.dtype, 8) == "winograd"
     inputs, attrs = {"Input": x, "Filter": w}, {"paddings": [1, 1]}
     out, grads = run_with_grads("conv2d", inputs, attrs, "Output", upstream)
     monkeypatch.setattr(winograd, "MIN_CHANNELS", 10**9)
@@ -577,15 +577,21 @@ def test_winograd_at_its_channel_threshold_agrees_with_im2col(dtype, tol, monkey
     "batch,hw,kernel",
     [
         (1, (7, 7), "im2col"),
-        (3, (7, 7), "im2col"),
-        (4, (7, 7), "winograd"),
+        (16, (7, 7), "im2col"),  # 64 blocks computing 8x8 for 7x7: 77% used
+        (32, (7, 7), "winograd"),  # 128 blocks
         (1, (13, 12), "im2col"),
-        (1, (14, 14), "winograd"),
+        (4, (14, 14), "im2col"),
+        (8, (14, 14), "winograd"),
+        (32, (4, 4), "im2col"),  # 32 blocks
+        (3, (16, 16), "winograd"),  # 48 blocks, every output used
+        (12, (8, 8), "winograd"),
+        (11, (8, 8), "im2col"),
     ],
 )
 def test_winograd_takes_only_convs_with_enough_output_blocks(batch, hw, kernel):
-    """Below _WINOGRAD_MIN_BLOCKS 4x4 output blocks (over the batch) im2col runs instead: the
-    filter transform and the narrow GEMMs cost more than they save there."""
+    """Below _WINOGRAD_MIN_BLOCKS 4x4 output blocks (over the batch), or below
+    _WINOGRAD_ANY_BLOCKS where the blocks compute many outputs the image cuts off, im2col runs
+    instead: the filter transform and the tile copies cost more than they save there."""
     geo = nn_ops._ConvGeometry((1, 1), (1, 1, 1, 1), (1, 1), 1)
     assert nn_ops._kernel((32, 32, 3, 3), geo, hw, np.float32, batch) == kernel
 
@@ -682,7 +688,7 @@ def test_fused_conv(case, block, forced, monkeypatch):
     monkeypatch.setattr(nn_ops, "_EPILOGUE_BLOCK", block)
     if forced:  # the tiny cases take Winograd (3x3 stride 1) and the per-image 1x1 GEMMs
         monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
-        monkeypatch.setattr(nn_ops, "_WINOGRAD_MIN_BLOCKS", 0)
+        monkeypatch.setattr(nn_ops, "_winograd_pays", lambda out_hw, batch: True)
         monkeypatch.setattr(nn_ops, "_POINTWISE_MIN_PIXELS", 1)
     case.check()
 
@@ -1266,12 +1272,12 @@ def test_a_pool_window_beyond_a_runtime_size_fails_at_run_time():
 def test_winograd_in_filter_blocks_agrees_with_im2col_at_any_thread_count(monkeypatch):
     """A 256x256-channel layer runs Winograd a block of filters at a time (forward and filter
     gradient) on the pool: the same results as im2col, and the same bits at 1 and 3 threads."""
-    x, w = normal(16, 256, 4, 4, dtype="float32"), normal(256, 256, 3, 3, dtype="float32")
+    x, w = normal(48, 256, 4, 4, dtype="float32"), normal(256, 256, 3, 3, dtype="float32")
     w /= 48.0
-    upstream = normal(16, 256, 4, 4, dtype="float32")
+    upstream = normal(48, 256, 4, 4, dtype="float32")
     assert winograd._filter_blocks(256, 256) == 64
     geo = nn_ops._ConvGeometry((1, 1), (1, 1, 1, 1), (1, 1), 1)
-    assert nn_ops._kernel(w.shape, geo, (4, 4), x.dtype, 16) == "winograd"
+    assert nn_ops._kernel(w.shape, geo, (4, 4), x.dtype, 48) == "winograd"
     inputs, attrs = {"Input": x, "Filter": w}, {"paddings": [1, 1]}
     budget = nf.get_num_threads()
     runs = []
