@@ -537,13 +537,15 @@ def _conv(
     finish: _Epilogue | None = None,
     first: int = 0,
     out: np.ndarray | None = None,
+    transforms: winograd.FilterTransforms | None = None,
 ) -> tuple[np.ndarray, tuple | None]:
     """Convolution of x [N, C, H, W] with w [M, C/g, kh, kw]: ([N, M, OH, OW], what the
     filter gradient can reuse, as (tag, array), or None), `finish` applied to the output.
     Kernels by _kernel; im2col runs one GEMM per group over all images at once, as per-image
     GEMMs are too small on small images. x is images first.. of the op's batch (the
     epilogue's residual rows). out: a C-contiguous [N, M, OH, OW] to write (a chunk's slice
-    of the whole output), else a new array."""
+    of the whole output), else a new array. transforms: w's Winograd filters, shared by the
+    chunks of one op."""
     xp = array_module(x)
     m, cg, kh, kw = w.shape
     g, n = geo.groups, x.shape[0]
@@ -561,7 +563,7 @@ def _conv(
             xp.matmul(filters, pixels[i], out=out[i].reshape(g, m // g, -1))
             finish.apply(out[i : i + 1], first + i)
         return out, None
-    kept = _unfinished_conv(x, w, geo, kernel, out_hw, out)
+    kept = _unfinished_conv(x, w, geo, kernel, out_hw, out, transforms)
     if finish is not None:
         finish.apply(out, first)
     return out, kept
@@ -600,11 +602,11 @@ def _pooled_conv(x, w, geo: _ConvGeometry, finish, out_shape, device) -> tuple:
         return _conv(x, w, geo, finish)
     grain = _conv_grain(w.shape, out_shape[2:], n)
     out = array_module(x).empty(out_shape, x.dtype) if grain < n else None
+    transforms = winograd.FilterTransforms(w)
 
     def body(start: int, stop: int):
-        part, kept = _conv(
-            x[start:stop], w, geo, finish, start, None if out is None else out[start:stop]
-        )
+        into = None if out is None else out[start:stop]
+        part, kept = _conv(x[start:stop], w, geo, finish, start, into, transforms)
         return (part if out is None else None), kept  # one chunk: the whole output
 
     parts = device.parallel_for(n, body, grain)
@@ -613,13 +615,13 @@ def _pooled_conv(x, w, geo: _ConvGeometry, finish, out_shape, device) -> tuple:
     return out, (("chunks", grain), [kept for _, kept in parts])
 
 
-def _unfinished_conv(x, w, geo: _ConvGeometry, kernel: str, out_hw, out) -> tuple:
+def _unfinished_conv(x, w, geo: _ConvGeometry, kernel: str, out_hw, out, transforms=None) -> tuple:
     """The conv by `kernel` (im2col or winograd) written into out [N, M, OH, OW]: what the
     filter gradient can reuse, as (tag, array)."""
     m, cg, kh, kw = w.shape
     g = geo.groups
     if kernel == "winograd":
-        _, v = winograd.conv(x, w, geo.pads, out)
+        _, v = winograd.conv(x, w, geo.pads, out, transforms=transforms)
         return ("winograd", geo), v
     n = x.shape[0]
     cols = _columns(x, (kh, kw), geo, out_hw)
@@ -637,17 +639,18 @@ def _unfinished_conv(x, w, geo: _ConvGeometry, kernel: str, out_hw, out) -> tupl
 
 
 def _conv_input_grad(
-    grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None, out=None
+    grad, w: np.ndarray, in_hw, geo: _ConvGeometry, grad_g=None, out=None, transforms=None
 ) -> np.ndarray:
     """d(conv)/d(input) applied to grad [N, M, OH, OW]: [N, C, H, W] for input size in_hw,
     written into `out` (a C-contiguous [N, C, H, W], a chunk's slice of the whole) if given.
-    grad_g: grad in _grouped_grad's layout, if the caller has it."""
+    grad_g: grad in _grouped_grad's layout, if the caller has it; transforms: w's Winograd
+    filters, shared by the chunks of one op."""
     xp = array_module(grad)
     m, cg, kh, kw = w.shape
     g, n = geo.groups, grad.shape[0]
     kernel = _kernel(w.shape, geo, grad.shape[2:], grad.dtype, n)
     if kernel == "winograd":
-        dx = winograd.input_grad(grad, w, geo.pads)
+        dx = winograd.input_grad(grad, w, geo.pads, transforms)
         if dx is not None:
             return dx if out is None else _written(out, dx)
     if kernel == "pointwise":
@@ -953,6 +956,7 @@ def _pooled_conv_grads(x, grad, w, geo: _ConvGeometry, relu_first, needs, grain,
     whole = grain >= n
     chunk_kept = kept[1] if kept is not None and kept[0] == ("chunks", grain) else None
     dx = xp.empty(x.shape, grad.dtype) if needs[0] and not whole else None
+    transforms = winograd.FilterTransforms(w)
 
     def body(start: int, stop: int):
         xs, gs = x[start:stop], grad[start:stop]
@@ -961,7 +965,7 @@ def _pooled_conv_grads(x, grad, w, geo: _ConvGeometry, relu_first, needs, grain,
         part = dw = None
         if needs[0]:
             into = None if whole else dx[start:stop]
-            part = _conv_input_grad(gs, w, xs.shape[2:], geo, shared, into)
+            part = _conv_input_grad(gs, w, xs.shape[2:], geo, shared, into, transforms)
             if relu_first:
                 part = array_module(part).multiply(part, xs > 0, out=into)
         if needs[1]:

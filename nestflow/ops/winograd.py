@@ -16,6 +16,8 @@ The functions take arrays of any place (`array_module`); CuPy has the strided vi
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from nestflow.core.device_context import array_module, device_context
@@ -51,6 +53,8 @@ _TILE, _OUT = 6, 4  # input tile and output block sizes
 _INPUT = np.kron(_BT, _BT)  # [36, 36]: vec(Bt d Bt') = _INPUT @ vec(d)
 _OUTPUT = np.kron(_AT, _AT)  # [16, 36]
 _FILTER = np.kron(_G, _G)  # [36, 9]
+# a filter rotated by 180 degrees has its 9 taps reversed: the same transform, columns reversed
+_FLIPPED_FILTER = np.ascontiguousarray(_FILTER[:, ::-1])
 
 # Below this many input or output channels the transforms cost more than they save.
 MIN_CHANNELS = 16
@@ -135,22 +139,68 @@ def _filter_blocks(m: int, c: int) -> int:
     return m if m * c < FILTER_BLOCKS_FROM else -(-m // FILTER_BLOCKS)
 
 
-def conv(x: np.ndarray, w: np.ndarray, pads, out=None) -> tuple[np.ndarray, np.ndarray]:
+def transformed_filters(w: np.ndarray, flipped: bool = False) -> np.ndarray:
+    """U = G g G' of every 3x3 filter g of w [M, C, 3, 3]: [36, M, C]. flipped: of the
+    filters the input gradient correlates with (each rotated by 180 degrees, in and out
+    channels swapped), [36, C, M]: the rotation reverses the 9 taps, so the transform's
+    columns are reversed instead and no rotated copy of w is made."""
+    m, c = w.shape[:2]
+    transform = _constant(_FLIPPED_FILTER if flipped else _FILTER, w)
+    # in the data's dtype: a float64 transform of a 512x512 filter costs more than the
+    # products on a batch of 7x7 images, and float32 rounds it to ~3e-8 relative
+    u = (transform @ w.reshape(m * c, 9).T).reshape(_TILE * _TILE, m, c)
+    return u.swapaxes(1, 2) if flipped else u
+
+
+class FilterTransforms:
+    """The transformed filters of one weight array, made once for all the chunks of one op's
+    batch (each chunk's conv would transform the same filters again: 0.29 ms for 128 x 128
+    channels, four times a step for a batch in four chunks). A layer blocked by
+    _filter_blocks gets None: its blocks transform their own filters, a block at a time."""
+
+    def __init__(self, w: np.ndarray):
+        self.w = w
+        self._made: dict[bool, np.ndarray] = {}
+        self._making = threading.Lock()
+
+    def get(self, flipped: bool = False) -> np.ndarray | None:
+        m, c = self.w.shape[:2]
+        if _filter_blocks(m, c) < m:
+            return None
+        with self._making:  # the chunks ask at once, from the pool's threads
+            if flipped not in self._made:
+                self._made[flipped] = transformed_filters(self.w, flipped)
+            return self._made[flipped]
+
+
+def conv(
+    x: np.ndarray,
+    w: np.ndarray,
+    pads,
+    out=None,
+    *,
+    flipped: bool = False,
+    transforms: FilterTransforms | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """The 3x3 stride-1 correlation of x [N, C, H, W] with w [M, C, 3, 3], x padded by pads:
-    ([N, M, OH, OW], written into `out` if given; V for filter_grad)."""
+    ([N, M, OH, OW], written into `out` if given; V for filter_grad). flipped: with w's
+    filters rotated by 180 degrees and its channels swapped (w [C, M, 3, 3] then: the input
+    gradient of a conv by w). transforms: w's, shared by the chunks of one op."""
     xp = array_module(x)
     n, c, h, wd = x.shape
-    m = w.shape[0]
+    m = w.shape[1] if flipped else w.shape[0]
     out_hw = (h + pads[0] + pads[1] - 2, wd + pads[2] + pads[3] - 2)
     bh, bw = _blocks(out_hw)
     v = input_transform(x, pads, out_hw)
     out = xp.empty((n, m) + out_hw, x.dtype) if out is None else out
+    whole = None if transforms is None else transforms.get(flipped)
 
     def filters(start: int, stop: int) -> None:
         k = stop - start
-        # in the data's dtype: a float64 transform of a 512x512 filter costs more than the
-        # products on a batch of 7x7 images, and float32 rounds it to ~3e-8 relative
-        u = (_constant(_FILTER, x) @ w[start:stop].reshape(k * c, 9).T).reshape(36, k, c)
+        if whole is not None:
+            u = whole[:, start:stop]
+        else:
+            u = transformed_filters(w[:, start:stop] if flipped else w[start:stop], flipped)
         products = pooled_matmul(u, v)  # [36, k, bh * bw * N]
         y = pooled_matmul(_constant(_OUTPUT, x), products.reshape(_TILE * _TILE, -1))
         y = y.reshape(_OUT, _OUT, k, bh, bw, n).transpose(5, 2, 3, 0, 4, 1)
@@ -164,13 +214,14 @@ def conv(x: np.ndarray, w: np.ndarray, pads, out=None) -> tuple[np.ndarray, np.n
     return out, v
 
 
-def input_grad(grad: np.ndarray, w: np.ndarray, pads) -> np.ndarray | None:
+def input_grad(
+    grad: np.ndarray, w: np.ndarray, pads, transforms: FilterTransforms | None = None
+) -> np.ndarray | None:
     """d(conv)/d(input) for grad [N, M, OH, OW]: the correlation of grad, padded by 2 - pads,
     with the rotated filter. None when a padding exceeds 2 (the caller's general kernel)."""
     if max(pads) > 2:
         return None
-    rotated = array_module(w).ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
-    return conv(grad, rotated, tuple(2 - p for p in pads))[0]
+    return conv(grad, w, tuple(2 - p for p in pads), flipped=True, transforms=transforms)[0]
 
 
 def filter_grad(v: np.ndarray, grad: np.ndarray) -> np.ndarray:

@@ -514,9 +514,9 @@ def winograd_for_any_channels(monkeypatch):
     calls = []
     conv = winograd.conv
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         calls.append(args[0].shape)
-        return conv(*args)
+        return conv(*args, **kwargs)
 
     monkeypatch.setattr(winograd, "conv", counted)
     return calls
@@ -1267,6 +1267,33 @@ def test_a_pool_window_beyond_a_runtime_size_fails_at_run_time():
         )
     with pytest.raises(NestflowError, match="larger than the padded input"):
         nf.Executor().run(main, {"x": np.zeros((1, 1, 2, 2), "float32")}, [out], nf.Scope())
+
+
+def test_flipped_filter_transform_is_the_rotated_filters_transform():
+    """The input gradient's filters (rotated, channels swapped) are transformed by reversing
+    the transform's columns, no rotated copy: the same U as transforming that copy."""
+    w = normal(5, 3, 3, 3)
+    rotated = np.ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+    np.testing.assert_allclose(
+        winograd.transformed_filters(w, flipped=True),
+        winograd.transformed_filters(rotated),
+        rtol=1e-13,
+        atol=1e-13,
+    )
+
+
+def test_filter_transforms_are_made_once_and_not_for_blocked_layers(monkeypatch):
+    made = []
+    transform = winograd.transformed_filters
+    monkeypatch.setattr(
+        winograd,
+        "transformed_filters",
+        lambda w, flipped=False: made.append(flipped) or transform(w, flipped),
+    )
+    shared = winograd.FilterTransforms(normal(16, 8, 3, 3))
+    assert shared.get() is shared.get() and shared.get(True) is shared.get(True)
+    assert made == [False, True]
+    assert winograd.FilterTransforms(normal(256, 256, 3, 3)).get() is None  # blocked
 
 
 def test_winograd_in_filter_blocks_agrees_with_im2col_at_any_thread_count(monkeypatch):
