@@ -17,7 +17,6 @@ the same with one channel per group (its SavedVariance is the inverse standard d
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 
@@ -148,7 +147,11 @@ class batch_norm:
             zeros = xp.zeros_like(Mean)
             return X.astype(dtype), Mean, Variance, zeros, zeros.copy()
         y, mean, var, inv_std = _by_channel(
-            device, X, c_axis, (Scale, Bias), lambda *a: _normalized(*a, c_axis, epsilon, xp)
+            device,
+            X,
+            c_axis,
+            (Scale, Bias),
+            lambda *a, out: _normalized(*a, c_axis, epsilon, xp, out),
         )
         if MomentumTensor is None:
             momentum = attrs["momentum"]
@@ -203,9 +206,9 @@ class batch_norm:
                 xp.mean(xp.square(X - mean.reshape(shape)), axis=axes) + epsilon
             )
 
-        def part(x, y_grad, scale, mean, inv_std):
+        def part(x, y_grad, scale, mean, inv_std, out):
             args = (x, y_grad, scale, mean, inv_std, c_axis, running, needs[0])
-            return _normalized_grads(*args, xp)
+            return _normalized_grads(*args, xp, out)
 
         x_grad, scale_grad, bias_grad = _by_channel(
             device, X, c_axis, (Y_grad, Scale, mean, inv_std), part
@@ -297,67 +300,79 @@ _NORM_CHUNK_ELEMENTS = 1 << 17
 
 
 def _by_channel(device, X, c_axis: int, operands, body):
-    """body(X, *operands) over chunks of X's channels on device's pool (one call for small X or
-    no device): operands are X-shaped arrays or [C] vectors, sliced alike. body returns
-    (an X-shaped array or None, [C] vectors...); the chunks' parts are put together."""
+    """body(X, *operands, out=...) over chunks of X's channels on device's pool (one call for
+    small X or no device): operands are X-shaped arrays or [C] vectors, sliced alike; out is
+    the chunk's slice of one X-shaped result, which body writes (it returns it, or None where
+    it makes no X-shaped result, then the vectors). The chunks' vectors are put together."""
+    xp = array_module(X)
+    out = xp.empty(X.shape, X.dtype)
     channels = X.shape[c_axis]
     grain = chunk_grain(channels, X.size // max(channels, 1), _NORM_CHUNK_ELEMENTS)
     if device is None or grain >= channels:
-        return body(X, *operands)
-    xp = array_module(X)
+        return body(X, *operands, out=out)
     lead = (slice(None),) * c_axis
 
     def sliced(a, part):
         return a[part] if a.ndim == 1 else a[lead + (part,)]
 
-    results: list = []
-    made = threading.Lock()
-
     def chunk(start: int, stop: int):
         part = slice(start, stop)
-        got = body(sliced(X, part), *(sliced(a, part) for a in operands))
-        if got[0] is not None:
-            with made:  # the first chunk done makes the whole array
-                if not results:
-                    results.append(xp.empty(X.shape, got[0].dtype))
-            results[0][lead + (part,)] = got[0]  # a chunk slice: disjoint from the others
-        return got[1:]
+        got = body(sliced(X, part), *(sliced(a, part) for a in operands), out=sliced(out, part))
+        return got  # (its slice of out, or None), then its vectors
 
     parts = device.parallel_for(channels, chunk, grain)
-    big = results[0] if results else None
-    return (big,) + tuple(xp.concatenate(v) for v in zip(*parts))
+    return (out if parts[0][0] is not None else None,) + tuple(
+        xp.concatenate(v) for v in list(zip(*parts))[1:]
+    )
 
 
-def _normalized(X, Scale, Bias, c_axis, epsilon, xp):
-    """batch_norm's training forward on X (a chunk of its channels): (Y, mean, biased var,
-    inverse std)."""
-    axes, shape = _per_channel(X.ndim, c_axis)
-    mean = X.mean(axis=axes)
-    centered = X - mean.reshape(shape)
-    var = xp.mean(xp.square(centered), axis=axes)
+def _channel_sums(a, b, c_axis: int, xp):
+    """The per-channel sums of a * b (b None: of a) over every axis but c_axis. Where the
+    channels come before the pixels (NCHW) each image's channel row is one dot product
+    (vecdot: no a * b temporary, 0.11 ms against 0.48 for square-and-mean over [32, 64, 32,
+    32]), then the images are added; the same bits for a chunk of channels as for all."""
+    vecdot = getattr(xp, "vecdot", None)
+    if c_axis == 1 and a.ndim >= 3 and vecdot is not None:
+        rows = a.reshape(a.shape[0], a.shape[1], -1)  # a channel slice's pixels stay contiguous
+        ones = xp.ones(rows.shape[-1], a.dtype) if b is None else None
+        return vecdot(rows, ones if b is None else b.reshape(rows.shape)).sum(axis=0)
+    axes = tuple(i for i in range(a.ndim) if i != c_axis)
+    return (a if b is None else a * b).sum(axis=axes)
+
+
+def _normalized(X, Scale, Bias, c_axis, epsilon, xp, out):
+    """batch_norm's training forward on X (a chunk of its channels), Y written into out:
+    (Y, mean, biased var, inverse std)."""
+    _, shape = _per_channel(X.ndim, c_axis)
+    count = X.size // max(Scale.shape[0], 1)
+    mean = _channel_sums(X, None, c_axis, xp) / count
+    centered = xp.subtract(X, mean.reshape(shape), out=out)
+    var = _channel_sums(centered, centered, c_axis, xp) / count
     inv_std = 1.0 / xp.sqrt(var + epsilon)
     centered *= (Scale * inv_std).reshape(shape)
     centered += Bias.reshape(shape)
     return centered, mean, var, inv_std
 
 
-def _normalized_grads(X, Y_grad, Scale, mean, inv_std, c_axis, running, wants_x, xp):
-    """batch_norm's gradients on X (a chunk of its channels): (X grad or None, Scale grad,
-    Bias grad)."""
-    axes, shape = _per_channel(X.ndim, c_axis)
+def _normalized_grads(X, Y_grad, Scale, mean, inv_std, c_axis, running, wants_x, xp, out):
+    """batch_norm's gradients on X (a chunk of its channels), the X gradient written into
+    out: (X grad or None, Scale grad, Bias grad). With x_hat = (X - mean) * inv_std and the
+    sums over each channel, X grad = Scale * inv_std * (dY - sum(dY) / count - x_hat *
+    sum(dY * x_hat) / count), made in out from X - mean, one pass a term."""
+    _, shape = _per_channel(X.ndim, c_axis)
     count = X.size // max(Scale.shape[0], 1)
-    x_hat = X - mean.reshape(shape)
-    x_hat *= inv_std.reshape(shape)
-    bias_grad = Y_grad.sum(axis=axes)
-    scale_grad = (Y_grad * x_hat).sum(axis=axes)
+    centered = xp.subtract(X, mean.reshape(shape), out=out)
+    bias_grad = _channel_sums(Y_grad, None, c_axis, xp)
+    scale_grad = _channel_sums(Y_grad, centered, c_axis, xp) * inv_std
     if not wants_x:
         return None, scale_grad, bias_grad
     gain = (Scale * inv_std).reshape(shape)
     if running:  # the statistics are constants: Y is affine in X
-        return Y_grad * gain, scale_grad, bias_grad
-    x_hat *= (scale_grad / count).reshape(shape)
-    x_grad = Y_grad - (bias_grad / count).reshape(shape)
-    x_grad -= x_hat
+        return xp.multiply(Y_grad, gain, out=out), scale_grad, bias_grad
+    x_grad = centered
+    x_grad *= (-inv_std * scale_grad / count).reshape(shape)  # -x_hat * sum(dY x_hat) / count
+    x_grad += Y_grad
+    x_grad -= (bias_grad / count).reshape(shape)
     x_grad *= gain
     return x_grad, scale_grad, bias_grad
 
