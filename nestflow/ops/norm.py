@@ -315,10 +315,9 @@ def _by_channel(device, X, c_axis: int, operands, body):
     def sliced(a, part):
         return a[part] if a.ndim == 1 else a[lead + (part,)]
 
-    def chunk(start: int, stop: int):
+    def chunk(start: int, stop: int):  # (its slice of out, or None), then its vectors
         part = slice(start, stop)
-        got = body(sliced(X, part), *(sliced(a, part) for a in operands), out=sliced(out, part))
-        return got  # (its slice of out, or None), then its vectors
+        return body(sliced(X, part), *(sliced(a, part) for a in operands), out=sliced(out, part))
 
     parts = device.parallel_for(channels, chunk, grain)
     return (out if parts[0][0] is not None else None,) + tuple(
@@ -334,8 +333,8 @@ def _channel_sums(a, b, c_axis: int, xp):
     vecdot = getattr(xp, "vecdot", None)
     if c_axis == 1 and a.ndim >= 3 and vecdot is not None:
         rows = a.reshape(a.shape[0], a.shape[1], -1)  # a channel slice's pixels stay contiguous
-        ones = xp.ones(rows.shape[-1], a.dtype) if b is None else None
-        return vecdot(rows, ones if b is None else b.reshape(rows.shape)).sum(axis=0)
+        other = xp.ones(rows.shape[-1], a.dtype) if b is None else b.reshape(rows.shape)
+        return vecdot(rows, other).sum(axis=0)
     axes = tuple(i for i in range(a.ndim) if i != c_axis)
     return (a if b is None else a * b).sum(axis=axes)
 
