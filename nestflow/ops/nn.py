@@ -643,14 +643,14 @@ def _conv_input_grad(
 ) -> np.ndarray:
     """d(conv)/d(input) applied to grad [N, M, OH, OW]: [N, C, H, W] for input size in_hw,
     written into `out` (a C-contiguous [N, C, H, W], a chunk's slice of the whole) if given.
-    grad_g: grad in _grouped_grad's layout, if the caller has it; transforms: w's Winograd
+    grad_g: grad in _shared_grad's layout, if the caller has it; transforms: w's Winograd
     filters, shared by the chunks of one op."""
     xp = array_module(grad)
     m, cg, kh, kw = w.shape
     g, n = geo.groups, grad.shape[0]
     kernel = _kernel(w.shape, geo, grad.shape[2:], grad.dtype, n)
     if kernel == "winograd":
-        dx = winograd.input_grad(grad, w, geo.pads, transforms)
+        dx = winograd.input_grad(grad, w, geo.pads, transforms, grad_g)
         if dx is not None:
             return dx if out is None else _written(out, dx)
     if kernel == "pointwise":
@@ -680,6 +680,16 @@ def _conv_input_grad(
     )
 
 
+def _shared_grad(grad, geo: _ConvGeometry, kernel: str, needs) -> np.ndarray | None:
+    """grad in the layout both gradients' kernels read (made once for the two), or None:
+    _grouped_grad's for im2col, winograd.padded_grad's when Winograd makes both."""
+    if kernel == "im2col":
+        return _grouped_grad(grad, geo)
+    if kernel == "winograd" and all(needs):
+        return winograd.padded_grad(grad, geo.pads)
+    return None
+
+
 def _written(out: np.ndarray, value) -> np.ndarray:
     out[...] = value
     return out
@@ -691,14 +701,14 @@ def _reused(kept: tuple | None, tag: tuple) -> np.ndarray | None:
 
 def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=None, kept=None):
     """d(conv)/d(filter) for input x [N, C, H, W] and grad [N, M, OH, OW]: w_shape.
-    grad_g: grad in _grouped_grad's layout, if the caller has it; kept: what _conv returned
+    grad_g: grad in _shared_grad's layout, if the caller has it; kept: what _conv returned
     for reuse, if the caller has it."""
     kernel = _kernel(w_shape, geo, grad.shape[2:], x.dtype, x.shape[0])
     if kernel == "winograd":
         v = _reused(kept, ("winograd", geo))
         if v is None:
             v = winograd.input_transform(x, geo.pads, grad.shape[2:])
-        return winograd.filter_grad(v, grad)
+        return winograd.filter_grad(v, grad, grad_g, geo.pads)
     if kernel == "pointwise":
         pixels = _per_image(_strided(x, geo), geo.groups)
         per_image = matmul_nt(_per_image(grad, geo.groups), pixels)
@@ -891,9 +901,9 @@ def _unfused_conv_backward(
         kept = _COLUMNS.take(Input, Output) if needs[1] else None
         dx, dw = _pooled_conv_grads(x, grad, Filter, geo, relu_first, needs, grain, kept, device)
         return (None if dx is None else _from_nchw(dx, channel_last)), dw
-    # both gradients' im2col GEMMs read the gradient in one layout: rearrange it once
+    # both gradients read the gradient in one layout: rearrange it once
     kernel = _kernel(Filter.shape, geo, grad.shape[2:], x.dtype, x.shape[0])
-    shared = _grouped_grad(grad, geo) if kernel == "im2col" else None
+    shared = _shared_grad(grad, geo, kernel, needs)
     dx = dw = None
     if needs[0]:
         dx = _conv_input_grad(grad, Filter, x.shape[2:], geo, shared)
@@ -961,7 +971,7 @@ def _pooled_conv_grads(x, grad, w, geo: _ConvGeometry, relu_first, needs, grain,
     def body(start: int, stop: int):
         xs, gs = x[start:stop], grad[start:stop]
         kernel = _kernel(w.shape, geo, gs.shape[2:], xs.dtype, xs.shape[0])
-        shared = _grouped_grad(gs, geo) if kernel == "im2col" else None
+        shared = _shared_grad(gs, geo, kernel, needs)
         part = dw = None
         if needs[0]:
             into = None if whole else dx[start:stop]

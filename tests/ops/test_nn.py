@@ -553,6 +553,33 @@ def test_winograd_path(case, winograd_for_any_channels):
     assert winograd_for_any_channels, "the case did not run the Winograd kernels"
 
 
+@pytest.mark.parametrize(
+    "pads,hw",
+    [
+        ((1, 1, 1, 1), (9, 7)),
+        ((0, 0, 0, 0), (6, 5)),
+        ((2, 2, 2, 2), (3, 6)),
+        ((2, 0, 1, 2), (5, 4)),
+        ((0, 2, 2, 0), (1, 1)),
+    ],
+)
+def test_winograd_gradients_share_the_padded_gradient(pads, hw):
+    """padded_grad's array, made once for both gradients, gives filter_grad and input_grad
+    the bits they get by laying the gradient out themselves."""
+    x = normal(2, 3, *hw, dtype="float32")
+    out_hw = (hw[0] + pads[0] + pads[1] - 2, hw[1] + pads[2] + pads[3] - 2)
+    w, grad = normal(4, 3, 3, 3, dtype="float32"), normal(2, 4, *out_hw, dtype="float32")
+    v = winograd.input_transform(x, pads, out_hw)
+    padded = winograd.padded_grad(grad, pads)
+    np.testing.assert_array_equal(
+        winograd.filter_grad(v, grad, padded, pads), winograd.filter_grad(v, grad)
+    )
+    np.testing.assert_array_equal(
+        winograd.input_grad(grad, w, pads, padded=padded), winograd.input_grad(grad, w, pads)
+    )
+    assert winograd.padded_grad(grad, (3, 0, 0, 0)) is None
+
+
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 1e-4)])
 def test_winograd_at_its_channel_threshold_agrees_with_im2col(dtype, tol, monkeypatch):
     """16 channels in and out over 128 output blocks (the last cut short: 13 columns) take
