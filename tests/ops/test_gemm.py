@@ -187,3 +187,44 @@ def test_pooled_matmul_leaves_short_sums_and_small_products_to_one_call(monkeypa
         calls.clear()
         np.testing.assert_array_equal(pooled_matmul(a, b), matmul(a, b))
         assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape, blocks",
+    [
+        ((6, 25), (25, 36864), 6),  # wide: blocks of 6,666 output columns
+        ((36864, 25), (25, 6), 6),  # tall: blocks of rows
+        ((16, 150), (150, 4097), 10),  # 416 columns a block, the last one short
+        ((25, 36864), (36864, 6), 6),  # long K into a small output: pieces summed
+        ((64, 27), (27, 32768), 1),  # 64 output rows: one call runs faster
+        ((6, 25), (25, 6000), 1),  # within the small kernel's 10^6 multiply-adds already
+        ((100, 100), (100, 1000), 1),  # no narrow side
+    ],
+)
+@pytest.mark.parametrize("kernels", ["skylakex", "haswell"])
+def test_skinny_products_run_in_blocks_for_openblas_small_kernel(
+    a_shape, b_shape, blocks, kernels, monkeypatch
+):
+    monkeypatch.setattr(gemm, "_blas_kernels", [kernels])
+    calls = []
+    matmul = np.matmul
+    monkeypatch.setattr(gemm.np, "matmul", lambda *a, **k: calls.append(1) or matmul(*a, **k))
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(a_shape).astype("float32")
+    b = rng.standard_normal(b_shape).astype("float32")
+    got = gemm.in_small_products(a, b)
+    assert len(calls) == (blocks if kernels == "skylakex" else 1)
+    assert got.shape == (a_shape[0], b_shape[1]) and got.dtype == np.float32
+    np.testing.assert_allclose(got, matmul(a, b), rtol=1e-5, atol=1e-3)
+
+
+def test_pooled_matmul_runs_a_single_skinny_product_in_small_kernel_blocks(monkeypatch):
+    monkeypatch.setattr(gemm, "_blas_kernels", ["skylakex"])
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((1, 6, 25)), rng.standard_normal((1, 25, 36864))
+    calls = []
+    matmul = np.matmul
+    monkeypatch.setattr(gemm.np, "matmul", lambda *a, **k: calls.append(1) or matmul(*a, **k))
+    got = gemm.pooled_matmul(a, b)
+    assert got.shape == (1, 6, 36864) and len(calls) == 6
+    np.testing.assert_allclose(got, matmul(a, b), rtol=1e-12, atol=1e-10)
