@@ -120,19 +120,30 @@ def _numpy_openblas_kernels() -> str:
 
 # OpenBLAS's AVX-512 kernels run a product of at most SMALL_PRODUCT multiply-adds (M * N * K)
 # by a kernel that reads its operands in place, where larger ones pack them first. On skinny
-# products the small kernel is 1.3-4x faster, so a product with at most SMALL_NARROW output
-# rows (or columns) and a fixed operand (the one not split) of at most SMALL_FIXED_SIDE
-# elements runs in blocks of at most SMALL_PRODUCT, each at least SMALL_MIN_BLOCK long, and a
-# long K into an output of at most SMALL_FIXED_SIDE elements in pieces of K. Measured on the
-# 2-vCPU EPYC (SkylakeX kernels, 1 thread): LeNet's convolutions [6, 25] x [25, 36864]
-# 237 -> 117 us, [6, 36864] x [25, 36864]^T 488 -> 110, [16, 150] x [150, 4096] 278 -> 148,
-# [150, 16] x [16, 4096] 336 -> 106; ResNet's stem filter gradient [27, 32768] x [32768, 64]
-# 882 -> 559. In blocks of columns, 8 rows ran 1.7-2.8x faster, 16 rows 1.1-1.7x, 32 rows
-# 0.9-1.1x, 64 rows 0.7-0.8x (the stem's [64, 27] x [27, 32768]: 756 -> 1172 us).
+# products the small kernel is 1.3-3.5x faster, so a product with at most SMALL_NARROW output
+# rows (or columns), or summing at most SMALL_NARROW terms, whose fixed operand (the one not
+# split) has at most SMALL_FIXED_SIDE elements, runs in blocks of at most SMALL_PRODUCT, each
+# at least SMALL_MIN_BLOCK long; a long K into an output of at most SMALL_FIXED_SIDE elements
+# runs in pieces of K. Measured on the 2-vCPU EPYC (SkylakeX kernels, 1 thread): LeNet's
+# convolutions [6, 25] x [25, 36864] 237 -> 117 us, [6, 36864] x [25, 36864]^T 488 -> 110,
+# [16, 150] x [150, 4096] 278 -> 148, [150, 16] x [16, 4096] 336 -> 106; ResNet's stem filter
+# gradient [27, 32768] x [32768, 64] 882 -> 559. In blocks of columns of a [K, 8192]: 8 rows
+# 1.7-2.8x faster, 16 rows 1.1-1.7x, 32 to 256 rows by K = 6 3.1-3.5x and by K = 16
+# 1.2-1.7x; but 64 rows by K = 27 (the stem's forward, [64, 27] x [27, 32768]) 0.8x, and 64
+# rows by 64 0.7x.
 SMALL_PRODUCT = 10**6
 SMALL_FIXED_SIDE = 2400
 SMALL_NARROW = 16
 SMALL_MIN_BLOCK = 256
+
+
+def _small_block(fixed: int, narrow: int) -> int:
+    """Block length for a product split along one axis, whose fixed operand has `fixed`
+    elements and whose narrowest other side is `narrow` long; 0 where it stays one call."""
+    block = SMALL_PRODUCT // max(fixed, 1)
+    if narrow > SMALL_NARROW or fixed > SMALL_FIXED_SIDE or block < SMALL_MIN_BLOCK:
+        return 0
+    return block
 
 
 def in_small_products(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -145,26 +156,17 @@ def in_small_products(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     n = b.shape[1]
     if m * n * k <= SMALL_PRODUCT or long_axes_in_pieces():
         return np.matmul(a, b)
-    if (
-        m <= SMALL_NARROW
-        and m * k <= SMALL_FIXED_SIDE
-        and SMALL_PRODUCT // (m * k) >= SMALL_MIN_BLOCK
-    ):
-        block, out = SMALL_PRODUCT // (m * k), np.empty((m, n), np.result_type(a, b))
+    if block := _small_block(m * k, min(m, k)):  # wide: blocks of columns
+        out = np.empty((m, n), np.result_type(a, b))
         for start in range(0, n, block):
             np.matmul(a, b[:, start : start + block], out=out[:, start : start + block])
         return out
-    if (
-        n <= SMALL_NARROW
-        and k * n <= SMALL_FIXED_SIDE
-        and SMALL_PRODUCT // (k * n) >= SMALL_MIN_BLOCK
-    ):
-        block, out = SMALL_PRODUCT // (k * n), np.empty((m, n), np.result_type(a, b))
+    if block := _small_block(k * n, min(k, n)):  # tall: blocks of rows
+        out = np.empty((m, n), np.result_type(a, b))
         for start in range(0, m, block):
             np.matmul(a[start : start + block], b, out=out[start : start + block])
         return out
-    if m * n <= SMALL_FIXED_SIDE and SMALL_PRODUCT // (m * n) >= SMALL_MIN_BLOCK:
-        block = SMALL_PRODUCT // (m * n)
+    if block := _small_block(m * n, 0):  # a long K into a small output
         total = np.matmul(a[:, :block], b[:block])
         for start in range(block, k, block):
             total += np.matmul(a[:, start : start + block], b[start : start + block])

@@ -196,7 +196,8 @@ def test_pooled_matmul_leaves_short_sums_and_small_products_to_one_call(monkeypa
         ((36864, 25), (25, 6), 6),  # tall: blocks of rows
         ((16, 150), (150, 4097), 10),  # 416 columns a block, the last one short
         ((25, 36864), (36864, 6), 6),  # long K into a small output: pieces summed
-        ((64, 27), (27, 32768), 1),  # 64 output rows: one call runs faster
+        ((64, 27), (27, 32768), 1),  # 64 output rows by 27 terms: one call runs faster
+        ((150, 16), (16, 4096), 10),  # 16 terms: blocks of 416 columns
         ((6, 25), (25, 6000), 1),  # within the small kernel's 10^6 multiply-adds already
         ((100, 100), (100, 1000), 1),  # no narrow side
     ],
