@@ -147,14 +147,15 @@ def _small_block(fixed: int, narrow: int) -> int:
 
 
 def in_small_products(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b for 2-D NumPy a [M, K] and b [K, N], run as OpenBLAS's small-product kernel runs
-    it fastest under its AVX-512 kernels: a wide or tall product in blocks of output columns
+    """a @ b for 2-D NumPy float32 a [M, K] and b [K, N], run as OpenBLAS's small-product
+    kernel runs it fastest under its AVX-512 kernels: a wide or tall product in blocks of output columns
     or rows (no element summed across blocks), a long K in pieces summed in order (fixed by
     the shapes). One call elsewhere, and for products no block of which fits the small
     kernel."""
     m, k = a.shape
     n = b.shape[1]
-    if m * n * k <= SMALL_PRODUCT or long_axes_in_pieces():
+    float32 = a.dtype == b.dtype == np.float32  # (the blocks were measured on sgemm only)
+    if not float32 or m * n * k <= SMALL_PRODUCT or long_axes_in_pieces():
         return np.matmul(a, b)
     if block := _small_block(m * k, min(m, k)):  # wide: blocks of columns
         out = np.empty((m, n), np.result_type(a, b))
