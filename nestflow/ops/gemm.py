@@ -126,10 +126,10 @@ def _numpy_openblas_kernels() -> str:
 # at least SMALL_MIN_BLOCK long; a long K into an output of at most SMALL_FIXED_SIDE elements
 # runs in pieces of K. Measured on the 2-vCPU EPYC (SkylakeX kernels, 1 thread): LeNet's
 # convolutions [6, 25] x [25, 36864] 237 -> 117 us, [6, 36864] x [25, 36864]^T 488 -> 110,
-# [16, 150] x [150, 4096] 278 -> 148, [150, 16] x [16, 4096] 336 -> 106; ResNet's stem filter
+# [16, 150] x [150, 4096] 278 -> 148, [150, 16] x [16, 4096] 339 -> 114; ResNet's stem filter
 # gradient [27, 32768] x [32768, 64] 882 -> 559. In blocks of columns of a [K, 8192]: 8 rows
-# 1.7-2.8x faster, 16 rows 1.1-1.7x, 32 to 256 rows by K = 6 3.1-3.5x and by K = 16
-# 1.2-1.7x; but 64 rows by K = 27 (the stem's forward, [64, 27] x [27, 32768]) 0.8x, and 64
+# 1.7-2.8x faster, 16 rows 1.1-1.7x, 32 to 256 rows by K = 6 3.1-3.5x, 32 to 150 rows by
+# K = 16 1.4-1.7x; but 64 rows by K = 27 (the stem's forward, [64, 27] x [27, 32768]) 0.8x, and 64
 # rows by 64 0.7x.
 SMALL_PRODUCT = 10**6
 SMALL_FIXED_SIDE = 2400
@@ -148,10 +148,10 @@ def _small_block(fixed: int, narrow: int) -> int:
 
 def in_small_products(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b for 2-D NumPy float32 a [M, K] and b [K, N], run as OpenBLAS's small-product
-    kernel runs it fastest under its AVX-512 kernels: a wide or tall product in blocks of output columns
-    or rows (no element summed across blocks), a long K in pieces summed in order (fixed by
-    the shapes). One call elsewhere, and for products no block of which fits the small
-    kernel."""
+    kernel runs it fastest under its AVX-512 kernels: a wide or tall product in blocks of
+    output columns or rows (no element summed across blocks), a long K in pieces summed in
+    order (fixed by the shapes). One call elsewhere, and for products no block of which fits
+    the small kernel."""
     m, k = a.shape
     n = b.shape[1]
     float32 = a.dtype == b.dtype == np.float32  # (the blocks were measured on sgemm only)
