@@ -189,8 +189,29 @@ class DeviceContext:
 _IN_POOL = threading.local()  # .active: this thread runs a chunk of a parallel_for
 
 
-def _mark_pool_thread() -> None:
+def _mark_pool_thread(cpus: list[int] | None = None, helpers=None) -> None:
+    """A pool thread's start: marked as one, and pinned to the next of `cpus` (helper i to
+    cpus[i + 1]; the caller takes cpus[0] while it runs chunks) where the pool pins."""
     _IN_POOL.active = True
+    if cpus is not None:
+        with contextlib.suppress(OSError):  # a CPU taken away since: the thread floats
+            os.sched_setaffinity(0, (cpus[next(helpers) % len(cpus)],))
+
+
+def _cpus_to_pin(threads: int) -> list[int] | None:
+    """The CPUs a pool of `threads` threads (the caller included) pins its threads to, one
+    each: the process's allowed CPUs where it may use at least that many (Linux); else None.
+
+    Why: a thread woken on a VM whose other vCPUs were idle for a while is put on the waker's
+    CPU (the idle vCPUs count as preempted, so the scheduler passes them over) and stays there
+    until the load balancer moves it: two chunks then share one vCPU. On the 2-vCPU EPYC, W9's
+    3x3 conv at 2 threads took 20-28 ms for its first two steps after a 0.2 s pause and 15 ms
+    after that, with both threads on one CPU (/proc/self/task); pinned, 15-16 ms from the first.
+    """
+    if not hasattr(os, "sched_getaffinity") or os.environ.get("NF_PIN_THREADS") == "0":
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus if len(cpus) >= threads else None
 
 
 def default_num_threads() -> int:
@@ -313,6 +334,25 @@ def _single_threaded_blas():
                 c.set_num_threads(n)
 
 
+@contextlib.contextmanager
+def _pinned_caller(cpus: list[int] | None):
+    """The calling thread on cpus[0] (the CPU no helper is pinned to) inside the block, then
+    on the CPUs it had; nothing where cpus is None."""
+    if cpus is None:
+        yield
+        return
+    had = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, cpus[:1])
+    except OSError:  # a CPU taken away since: the caller floats
+        had = None
+    try:
+        yield
+    finally:
+        if had is not None:
+            os.sched_setaffinity(0, had)
+
+
 def _foreign_array(place: Place, array: Any) -> PlaceError:
     return PlaceError(
         f"an array of type {type(array).__module__}.{type(array).__name__} (shape "
@@ -330,6 +370,7 @@ class CPUDeviceContext(DeviceContext):
         self.num_threads = default_num_threads()
         self._workers: ThreadPoolExecutor | None = None
         self._worker_count = 0
+        self._cpus: list[int] | None = None  # _cpus_to_pin's, for the pool's threads
         self._busy = threading.Lock()
         if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads
             os.register_at_fork(after_in_child=self._after_fork)
@@ -376,8 +417,12 @@ class CPUDeviceContext(DeviceContext):
             if self._workers is not None:
                 self._workers.shutdown(wait=False)
             self._worker_count = max(threads - 1, self.num_threads - 1)
+            self._cpus = _cpus_to_pin(self._worker_count + 1)
             self._workers = ThreadPoolExecutor(
-                self._worker_count, "nestflow-intra-op", initializer=_mark_pool_thread
+                self._worker_count,
+                "nestflow-intra-op",
+                initializer=_mark_pool_thread,
+                initargs=(self._cpus, itertools.count(1)),
             )
         results: list = [None] * len(chunks)
         errors: list[BaseException] = []
@@ -393,7 +438,7 @@ class CPUDeviceContext(DeviceContext):
                     errors.append(exc)
                     return
 
-        with _single_threaded_blas():
+        with _single_threaded_blas(), _pinned_caller(self._cpus):
             # each helper runs in a copy of the caller's context: NumPy keeps its error state
             # (np.errstate) there, and a chunk must raise or warn as the caller asked
             helpers = [

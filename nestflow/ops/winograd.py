@@ -4,8 +4,9 @@ for Convolutional Neural Networks", 2016), used by the conv ops in nestflow/ops/
 Each 4x4 block of outputs is computed from a 6x6 input tile with 36 products per (input,
 output) channel pair instead of 144: a tile d becomes V = Bt d Bt', a filter g becomes
 U = G g G', the products U * V summed over input channels are 36 GEMMs, and A' (U * V) A gives
-the outputs. Every transform over all tiles at once is one GEMM by a Kronecker product
-(kron(Bt, Bt) is 36x36), so nothing loops over tiles in Python. Tiles are gathered from a
+the outputs. Every transform over all tiles at once is a product by a Kronecker product
+(kron(Bt, Bt) is 36x36), so nothing loops over tiles in Python; on the CPU it runs as its two
+factors (_kron_product), one GEMM over each axis of the tiles. Tiles are gathered from a
 [C, H, W, N] copy of the data, whose innermost axis (the batch) keeps the strided gathers
 contiguous. The filter gradient uses the same identity transposed:
 dW = G' (sum over tiles of (A g_out A') * V) G. In float32 the results differ from direct
@@ -20,7 +21,12 @@ import threading
 
 import numpy as np
 
-from nestflow.core.device_context import array_module, device_context
+from nestflow.core.device_context import (
+    ROW_CHUNK_ELEMENTS,
+    array_module,
+    chunk_grain,
+    device_context,
+)
 from nestflow.core.place import place_of as _place_of
 from nestflow.ops.gemm import matmul_nt, pooled_matmul
 
@@ -52,6 +58,8 @@ _AT = np.array(
 _TILE, _OUT = 6, 4  # input tile and output block sizes
 _INPUT = np.kron(_BT, _BT)  # [36, 36]: vec(Bt d Bt') = _INPUT @ vec(d)
 _OUTPUT = np.kron(_AT, _AT)  # [16, 36]
+# the filter gradient's transform of the output gradient's tiles, kron(A, A) = _OUTPUT'
+_A, _GRAD_INPUT = _AT.T.copy(), _OUTPUT.T.copy()
 _FILTER = np.kron(_G, _G)  # [36, 9]
 # a filter rotated by 180 degrees has its 9 taps reversed: the same transform, columns reversed
 _FLIPPED_FILTER = np.ascontiguousarray(_FILTER[:, ::-1])
@@ -87,6 +95,46 @@ def _constant(matrix: np.ndarray, like):
     if made is None:
         made = _ON_DEVICE[key] = xp.asarray(matrix, like.dtype)
     return made
+
+
+# A Kronecker transform kron(T, T) @ data runs on NumPy arrays as two passes of T, one over
+# each axis of the tiles (6x6 -> 6x6: 432 multiply-adds a tile and channel against 1,296), each
+# pass one call of 6 stacked products per block of _KRON_COLUMNS columns. The block keeps each
+# product under OpenBLAS's small-product bound (gemm.SMALL_PRODUCT) and each call long: two
+# threads making many short NumPy calls each starve one of them of the GIL (blocks of 2048
+# columns ran 0.20 ms alone, 0.44 ms beside a second thread doing the same). Measured on the
+# 2-vCPU EPYC at 1 thread (alone / beside a second thread), [36, 36] x [36, N] as one GEMM
+# against the two passes, SkylakeX kernels: N = 25,088 (W9's 8-image chunk) 0.42 / 0.41 ms
+# against 0.19 / 0.20; N = 50,176 1.39 / 1.33 against 0.55 / 0.62; Haswell kernels: 0.62 /
+# 0.61 against 0.45 / 0.46, and 1.37 / 1.27 against 1.01 / 1.09.
+_KRON_COLUMNS = 16384
+
+
+def _kron_product(t: np.ndarray, data: np.ndarray, kron: np.ndarray) -> np.ndarray:
+    """kron(t, t) @ data for t [r, s] and data [s * s, cols] (kron: that Kronecker product):
+    [r * r, cols]. Device arrays: one product by kron. NumPy: the two passes in column blocks,
+    on the intra-op pool where there are several (no element is summed across blocks, so the
+    bits do not depend on the thread count)."""
+    xp = array_module(data)
+    if xp is not np:
+        return pooled_matmul(_constant(kron, data), data)
+    t = _constant(t, data)
+    r, s = t.shape
+    cols = data.shape[1]
+    out = np.empty((r * r, cols), np.result_type(t, data))
+    within, into = data.reshape(s, s, cols), out.reshape(r, r, cols)
+
+    def body(first: int, last: int) -> None:
+        for a in range(first * _KRON_COLUMNS, min(cols, last * _KRON_COLUMNS), _KRON_COLUMNS):
+            b = min(cols, a + _KRON_COLUMNS)
+            rows = np.matmul(t, within[:, :, a:b])  # along each tile row: [s, r, B]
+            # then along each column, into out's [r, r, B] block
+            np.matmul(t, rows.transpose(1, 0, 2), out=into[:, :, a:b].transpose(1, 0, 2))
+
+    blocks = -(-cols // _KRON_COLUMNS)
+    grain = chunk_grain(blocks, s * s * _KRON_COLUMNS, ROW_CHUNK_ELEMENTS, 4)
+    device_context().parallel_for(blocks, body, grain)
+    return out
 
 
 def _blocks(out_hw) -> tuple[int, int]:
@@ -146,9 +194,7 @@ def input_transform(x: np.ndarray, pads, out_hw, padded: np.ndarray | None = Non
     if padded is None:
         padded = _padded_input(x, pads, out_hw)
     d = _tiles(padded, _TILE, (bh, bw))
-    return pooled_matmul(_constant(_INPUT, x), d).reshape(
-        _TILE * _TILE, x.shape[1], bh * bw * x.shape[0]
-    )
+    return _kron_product(_BT, d, _INPUT).reshape(_TILE * _TILE, x.shape[1], bh * bw * x.shape[0])
 
 
 # A layer with at least this many filter weights (M * C: 256 x 256 channels) is computed a
@@ -230,7 +276,7 @@ def conv(
         else:
             u = transformed_filters(w[:, start:stop] if flipped else w[start:stop], flipped)
         products = pooled_matmul(u, v)  # [36, k, bh * bw * N]
-        y = pooled_matmul(_constant(_OUTPUT, x), products.reshape(_TILE * _TILE, -1))
+        y = _kron_product(_AT, products.reshape(_TILE * _TILE, -1), _OUTPUT)
         y = y.reshape(_OUT, _OUT, k, bh, bw, n).transpose(5, 2, 3, 0, 4, 1)
         if out_hw == (_OUT * bh, _OUT * bw):  # whole blocks: one copy, into out's blocks
             out[:, start:stop].reshape(n, k, bh, _OUT, bw, _OUT)[...] = y
@@ -280,9 +326,7 @@ def filter_grad(
     c = v.shape[1]
     bh, bw = _blocks((oh, ow))
     tiles = _tiles(_grad_blocks(grad, padded, pads), _OUT, (bh, bw))
-    transformed = pooled_matmul(_constant(_OUTPUT, grad).T, tiles).reshape(
-        _TILE * _TILE, m, bh * bw * n
-    )
+    transformed = _kron_product(_A, tiles, _GRAD_INPUT).reshape(_TILE * _TILE, m, bh * bw * n)
     dw = xp.empty((m, c, 3, 3), grad.dtype)
 
     def filters(start: int, stop: int) -> None:

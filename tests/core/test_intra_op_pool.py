@@ -4,6 +4,7 @@ ones, and a conv net's training bit-identical at 1 and 3 threads."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -54,6 +55,45 @@ def test_chunks_run_on_several_threads_with_blas_at_one(threads):
     assert all(
         p["num_threads"] == 3 for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"
     )
+
+
+def _fresh_pool(ctx) -> None:
+    if ctx._workers is not None:
+        ctx._workers.shutdown(wait=True)
+    ctx._workers, ctx._worker_count = None, 0
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and two CPUs for this process",
+)
+@pytest.mark.parametrize("pin", [True, False])
+def test_the_pool_pins_one_thread_to_a_cpu_and_gives_the_caller_its_cpus_back(
+    pin, threads, monkeypatch
+):
+    monkeypatch.setenv("NF_PIN_THREADS", "1" if pin else "0")
+    threads(2)
+    ctx = nf.device_context(nf.CPUPlace())
+    _fresh_pool(ctx)
+    before = os.sched_getaffinity(0)
+    placed = {}
+    barrier = threading.Barrier(2, timeout=10)
+
+    def body(a, b):
+        placed[threading.get_ident()] = os.sched_getaffinity(0)
+        barrier.wait()  # both chunks at once: one on the caller, one on the helper
+
+    try:
+        ctx.parallel_for(2, body, 1)
+        assert len(placed) == 2 and threading.get_ident() in placed
+        if pin:
+            assert all(len(cpus) == 1 for cpus in placed.values())
+            assert len(set.union(*placed.values())) == 2
+        else:
+            assert all(cpus == before for cpus in placed.values())
+        assert os.sched_getaffinity(0) == before
+    finally:
+        _fresh_pool(ctx)  # later tests get a pool made under their own settings
 
 
 def test_nested_loops_and_errors(threads):

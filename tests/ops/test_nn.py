@@ -580,6 +580,36 @@ def test_winograd_gradients_share_the_padded_gradient(pads, hw):
     assert winograd.padded_grad(grad, (3, 0, 0, 0)) is None
 
 
+@pytest.mark.parametrize("cols", [0, 1, 37, winograd._KRON_COLUMNS, 2 * winograd._KRON_COLUMNS + 5])
+@pytest.mark.parametrize(
+    "factor,kron",
+    [
+        (winograd._BT, winograd._INPUT),
+        (winograd._AT, winograd._OUTPUT),
+        (winograd._A, winograd._GRAD_INPUT),
+    ],
+    ids=["input", "output", "filter_grad"],
+)
+def test_winograd_transforms_run_as_their_two_factors(factor, kron, cols):
+    """_kron_product's two passes in column blocks equal the product by the Kronecker matrix,
+    at 1 and at 2 threads with the same bits (no column is summed across blocks)."""
+    data = normal(factor.shape[1] ** 2, cols, dtype="float64")
+    want = kron @ data
+    budget, results = nf.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            nf.set_num_threads(threads)
+            got = winograd._kron_product(factor, data, kron)
+            assert got.shape == want.shape and got.dtype == np.float64
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+            results.append(got)
+    finally:
+        nf.set_num_threads(budget)
+    np.testing.assert_array_equal(results[0], results[1])
+    single = winograd._kron_product(factor, data.astype("float32"), kron)
+    assert single.dtype == np.float32
+
+
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 1e-4)])
 def test_winograd_at_its_channel_threshold_agrees_with_im2col(dtype, tol, monkeypatch):
     """16 channels in and out over 128 output blocks (the last cut short: 13 columns) take
