@@ -140,8 +140,9 @@ class batch_norm:
         count = X.size // max(X.shape[c_axis], 1)
         if running:
             inv_std = 1.0 / xp.sqrt(Variance + epsilon)
-            new_scale = (Scale * inv_std).reshape(shape)
-            y = (X - Mean.reshape(shape)) * new_scale + Bias.reshape(shape)
+            y = xp.subtract(X, _spread(Mean, X, c_axis, xp))
+            y *= _spread(Scale * inv_std, X, c_axis, xp)
+            y += _spread(Bias, X, c_axis, xp)
             return y.astype(dtype, copy=False), Mean, Variance, Mean, inv_std
         if count <= 1:  # nothing to normalise over (Fluid: Y = X, statistics untouched)
             zeros = xp.zeros_like(Mean)
@@ -339,17 +340,31 @@ def _channel_sums(a, b, c_axis: int, xp):
     return (a if b is None else a * b).sum(axis=axes)
 
 
+def _spread(v, X, c_axis: int, xp):
+    """v [C] as an operand that broadcasts against X along its channel axis. NCHW NumPy data
+    with pixels gets v spread over one image, [1, C, H, W]: the ufunc then runs a contiguous
+    loop per image, where a [1, C, 1, 1] operand makes it one loop per channel row that reads
+    a scalar, about twice as slow (X - mean over [32, 64, 32, 32]: 0.39 ms against 0.23 on
+    the 2-vCPU EPYC at 1 thread, [64, 1024] spread included; more on small images). The
+    values, and so the result's bits, are the same."""
+    _, shape = _per_channel(X.ndim, c_axis)
+    if xp is not np or c_axis != 1 or X.ndim < 3:
+        return v.reshape(shape)
+    spread = np.empty((1,) + X.shape[1:], np.result_type(v, X))
+    spread[...] = v.reshape(shape)
+    return spread
+
+
 def _normalized(X, Scale, Bias, c_axis, epsilon, xp, out):
     """batch_norm's training forward on X (a chunk of its channels), Y written into out:
     (Y, mean, biased var, inverse std)."""
-    _, shape = _per_channel(X.ndim, c_axis)
     count = X.size // max(Scale.shape[0], 1)
     mean = _channel_sums(X, None, c_axis, xp) / count
-    centered = xp.subtract(X, mean.reshape(shape), out=out)
+    centered = xp.subtract(X, _spread(mean, X, c_axis, xp), out=out)
     var = _channel_sums(centered, centered, c_axis, xp) / count
     inv_std = 1.0 / xp.sqrt(var + epsilon)
-    centered *= (Scale * inv_std).reshape(shape)
-    centered += Bias.reshape(shape)
+    centered *= _spread(Scale * inv_std, X, c_axis, xp)
+    centered += _spread(Bias, X, c_axis, xp)
     return centered, mean, var, inv_std
 
 
@@ -358,20 +373,19 @@ def _normalized_grads(X, Y_grad, Scale, mean, inv_std, c_axis, running, wants_x,
     out: (X grad or None, Scale grad, Bias grad). With x_hat = (X - mean) * inv_std and the
     sums over each channel, X grad = Scale * inv_std * (dY - sum(dY) / count - x_hat *
     sum(dY * x_hat) / count), made in out from X - mean, one pass a term."""
-    _, shape = _per_channel(X.ndim, c_axis)
     count = X.size // max(Scale.shape[0], 1)
-    centered = xp.subtract(X, mean.reshape(shape), out=out)
+    centered = xp.subtract(X, _spread(mean, X, c_axis, xp), out=out)
     bias_grad = _channel_sums(Y_grad, None, c_axis, xp)
     scale_grad = _channel_sums(Y_grad, centered, c_axis, xp) * inv_std
     if not wants_x:
         return None, scale_grad, bias_grad
-    gain = (Scale * inv_std).reshape(shape)
+    gain = _spread(Scale * inv_std, X, c_axis, xp)
     if running:  # the statistics are constants: Y is affine in X
         return xp.multiply(Y_grad, gain, out=out), scale_grad, bias_grad
     x_grad = centered
-    x_grad *= (-inv_std * scale_grad / count).reshape(shape)  # -x_hat * sum(dY x_hat) / count
+    x_grad *= _spread(-inv_std * scale_grad / count, X, c_axis, xp)  # -x_hat sum(dY x_hat) / N
     x_grad += Y_grad
-    x_grad -= (bias_grad / count).reshape(shape)
+    x_grad -= _spread(bias_grad / count, X, c_axis, xp)
     x_grad *= gain
     return x_grad, scale_grad, bias_grad
 
