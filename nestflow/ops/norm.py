@@ -333,7 +333,8 @@ def _channel_sums(a, b, c_axis: int, xp):
     32]), then the images are added; the same bits for a chunk of channels as for all."""
     vecdot = getattr(xp, "vecdot", None)
     if c_axis == 1 and a.ndim >= 3 and vecdot is not None:
-        rows = a.reshape(a.shape[0], a.shape[1], -1)  # a channel slice's pixels stay contiguous
+        # a channel slice's pixels stay contiguous (no -1: an empty batch has 0 rows)
+        rows = a.reshape(a.shape[0], a.shape[1], math.prod(a.shape[2:]))
         other = xp.ones(rows.shape[-1], a.dtype) if b is None else b.reshape(rows.shape)
         return vecdot(rows, other).sum(axis=0)
     axes = tuple(i for i in range(a.ndim) if i != c_axis)

@@ -440,3 +440,44 @@ def test_layer_norm_equals_torch(shape, axis, scale, bias):
     np.testing.assert_allclose(got[0], want_y, rtol=1e-8, atol=1e-8)
     for value, slot in zip(got[1:], [k for k in ("X", "Scale", "Bias") if k in arrays]):
         np.testing.assert_allclose(value, want[slot], rtol=1e-8, atol=1e-8, err_msg=slot)
+
+
+@pytest.mark.parametrize("is_test", [False, True])
+@pytest.mark.parametrize("shape", [(3, 5, 4, 7), (2, 3, 1, 1), (0, 4, 3, 3), (2, 6, 5)])
+def test_batch_norm_spread_operands_give_the_bits_of_plain_broadcasting(
+    shape, is_test, monkeypatch
+):
+    """NCHW per-channel operands spread over one image (norm._spread) change the loops, not
+    the values: forward and gradients equal those computed with [1, C, 1, 1] operands."""
+    from nestflow.ops import norm
+    from nestflow.ops.registry import get_op_def
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype("float32")
+    dy = rng.standard_normal(shape).astype("float32")
+    c = shape[1]
+    scale, bias = rng.uniform(0.5, 2, c).astype("float32"), rng.standard_normal(c).astype("float32")
+    mean, var = rng.standard_normal(c).astype("float32"), rng.uniform(0.5, 2, c).astype("float32")
+    attrs = dict(
+        data_layout="NCHW",
+        epsilon=1e-5,
+        is_test=is_test,
+        use_global_stats=False,
+        trainable_statistics=False,
+        momentum=0.9,
+    )
+    op = get_op_def("batch_norm")
+
+    def run():
+        outs = op.forward(x, scale, bias, mean, var, None, xp=np, **attrs)
+        grads = op.backward(
+            x, scale, bias, mean, var, None, *outs, dy, None, None, None, None, xp=np, **attrs
+        )
+        return [a for a in (*outs, *grads) if a is not None]
+
+    spread = run()
+    monkeypatch.setattr(
+        norm, "_spread", lambda v, X, c_axis, xp: v.reshape(norm._per_channel(X.ndim, c_axis)[1])
+    )
+    for got, want in zip(spread, run(), strict=True):
+        np.testing.assert_array_equal(got, want)
