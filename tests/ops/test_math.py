@@ -336,3 +336,40 @@ def test_sum_inputs_must_share_a_dtype():
     block.create_var("b", shape=(2,), dtype="float64")
     with pytest.raises(DTypeError, match="float32 and float64"):
         block.append_op("sum", {"X": ["a", "b"]}, {"Out": "out"})
+
+
+@pytest.mark.parametrize(
+    "x_shape,y_shape,axis",
+    [
+        ((4, 3, 5, 6), (3,), 1),  # a conv bias
+        ((4, 3, 5, 6), (3, 5), 1),
+        ((2, 4, 3, 5, 6), (4, 3), 1),
+        ((4, 3, 2, 2), (3,), 1),  # 4 trailing elements: left as it is
+        ((0, 3, 5, 6), (3,), 1),  # empty batch
+        ((4, 3, 5, 6), (4, 3), 0),  # no leading axes: left as it is
+        ((4, 3, 5, 6), (1,), 1),  # Y broadcasts itself: left as it is
+    ],
+)
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "max", "min", "pow"])
+def test_spread_operands_and_bias_sums_equal_plain_broadcasting(x_shape, y_shape, axis, op):
+    """spread_y changes the loops of a Fluid-axis broadcast, not its values; unbroadcast's
+    dot-product sums over leading and trailing axes match NumPy's sum to rounding."""
+    from nestflow.ops import math as math_ops
+    from nestflow.ops.registry import get_op_def
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0.5, 2.0, x_shape).astype("float64")
+    y = rng.uniform(0.5, 2.0, y_shape).astype("float64")
+    aligned = math_ops.align_y(x.ndim, y, axis)
+    ufunc = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}.get(
+        op, {"max": np.maximum, "min": np.minimum, "pow": np.power}.get(op)
+    )
+    out = get_op_def(f"elementwise_{op}").forward(x, y, axis, np)
+    np.testing.assert_array_equal(out, ufunc(x, aligned))
+    grad = rng.standard_normal(out.shape)
+    full = (1,) * (x.ndim - aligned.ndim) + aligned.shape
+    summed = tuple(i for i, d in enumerate(full) if d == 1 and x.shape[i] != 1)
+    want = grad.sum(axis=summed, keepdims=True)
+    got = math_ops.unbroadcast(grad, aligned.shape)
+    assert got.shape == aligned.shape
+    np.testing.assert_allclose(got, want.reshape(aligned.shape), rtol=1e-12, atol=1e-12)
