@@ -78,13 +78,11 @@ class SelectedRows:
         added (Fluid's MergeAdd), in the order a dense scatter-add adds them."""
         xp = array_module(self.values)
         if xp is np and self.rows.shape[0]:
-            # np.add.at is slow (W16: half the step); a stable sort then reduceat adds each
-            # row's values in the same order, so the sums are the same to the bit
             order = np.argsort(self.rows, kind="stable")
             rows = self.rows[order]
-            starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
-            values = np.add.reduceat(self.values[order], starts, axis=0)
-            return SelectedRows(rows[starts], values, self.height, check=False)
+            first = np.concatenate(([True], rows[1:] != rows[:-1]))
+            values = _sums_in_order(self.values, order, first)
+            return SelectedRows(rows[first], values, self.height, check=False)
         rows, inverse = xp.unique(self.rows, return_inverse=True)
         if rows.shape[0] == self.rows.shape[0]:  # no repeats: reorder only
             out = xp.empty((rows.shape[0], *self.values.shape[1:]), self.values.dtype)
@@ -110,3 +108,34 @@ class SelectedRows:
             f"SelectedRows(rows={self.rows.shape[0]}, height={self.height}, "
             f"values={list(self.values.shape)} {self.values.dtype})"
         )
+
+
+# Repeats of a row up to this many are added a repeat at a time over all rows at once; a row
+# repeated more often is summed on its own.
+_MERGE_LEVELS = 8
+
+
+def _sums_in_order(values: np.ndarray, order: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """The sums of values' rows taken in `order`, a new segment wherever `first` is True,
+    each segment added row by row in order: the bits of np.add.at, which a dense scatter-add
+    runs (np.add.reduceat's differ on segments of three rows or more). np.add.at itself is
+    slow (W16's 3,072 x 64 gradient: 1.3 ms); here the segments' first rows are gathered,
+    then the second rows of all segments added at once, the third, and so on; a segment
+    longer than _MERGE_LEVELS + 1 rows is added by np.add.reduce (row by row in order too).
+    W16's tables: 0.53 -> 0.08 ms and 0.09 -> 0.02 ms against reduceat (the 2-vCPU EPYC)."""
+    starts = np.flatnonzero(first)
+    out = np.take(values, order[starts], axis=0)
+    if starts.shape[0] == order.shape[0]:
+        return out
+    lengths = np.diff(np.append(starts, order.shape[0]))
+    segment = np.cumsum(first) - 1
+    rank = np.arange(order.shape[0]) - starts[segment]
+    short = lengths[segment] <= _MERGE_LEVELS + 1
+    for level in range(1, min(int(rank.max()), _MERGE_LEVELS) + 1):
+        at = np.flatnonzero((rank == level) & short)
+        if at.shape[0]:
+            out[segment[at]] += np.take(values, order[at], axis=0)
+    for long in np.flatnonzero(lengths > _MERGE_LEVELS + 1):
+        block = order[starts[long] : starts[long] + lengths[long]]
+        out[long] = np.add.reduce(np.take(values, block, axis=0), axis=0)
+    return out
