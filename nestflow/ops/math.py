@@ -86,14 +86,12 @@ def _summed_around(grad, axes: tuple[int, ...]):
     while lead < len(axes) and axes[lead] == lead:
         lead += 1
     trail = axes[lead:]
-    if trail != tuple(range(grad.ndim - len(trail), grad.ndim)) or lead == len(axes) == 0:
+    # (only leading axes: sum(axis=0) is already one contiguous pass)
+    if not trail or not grad.size or trail != tuple(range(grad.ndim - len(trail), grad.ndim)):
         return None
-    rows = math.prod(grad.shape[:lead])
     width = math.prod(grad.shape[grad.ndim - len(trail) :])
-    kept = grad.reshape(rows, -1, width) if grad.size else None
-    if kept is None or not trail:
-        return None  # only leading axes: sum(axis=0) is already one contiguous pass
-    return np.vecdot(kept, np.ones(width, grad.dtype)).sum(axis=0)
+    rows = grad.reshape(math.prod(grad.shape[:lead]), -1, width)
+    return np.vecdot(rows, np.ones(width, grad.dtype)).sum(axis=0)
 
 
 def _infer_binary(X: VarInfo, Y: VarInfo, axis: int) -> VarInfo:
