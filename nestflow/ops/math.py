@@ -48,7 +48,8 @@ def spread_y(X: np.ndarray, Y: np.ndarray, axis: int, xp) -> np.ndarray:
     trailing axes stretch it (a conv bias [C] at axis 1 of [N, C, H, W]), NumPy gets Y spread
     over those axes ([C, H, W]): the ufunc then runs one contiguous loop per leading index
     instead of one per row with a scalar, about twice as fast (X + bias over [32, 64, 32, 32]:
-    418 -> 217 us on the 2-vCPU EPYC, the spread included). The values are the same."""
+    418 -> 217 us on the 2-vCPU EPYC, the spread included; batch_norm's per-channel operands:
+    its fwd + bwd 1.4-2.3x faster on ResNet-18's shapes). The values are the same."""
     y = align_y(X.ndim, Y, axis)
     if xp is not np or axis <= 0 or y.ndim != X.ndim - axis or y.ndim == Y.ndim:
         return y

@@ -99,14 +99,14 @@ def _constant(matrix: np.ndarray, like):
 
 # A Kronecker transform kron(T, T) @ data runs on NumPy arrays as two passes of T, one over
 # each axis of the tiles (6x6 -> 6x6: 432 multiply-adds a tile and channel against 1,296), each
-# pass one call of 6 stacked products per block of _KRON_COLUMNS columns. The block keeps each
-# product under OpenBLAS's small-product bound (gemm.SMALL_PRODUCT) and each call long: two
-# threads making many short NumPy calls each starve one of them of the GIL (blocks of 2048
-# columns ran 0.20 ms alone, 0.44 ms beside a second thread doing the same). Measured on the
-# 2-vCPU EPYC at 1 thread (alone / beside a second thread), [36, 36] x [36, N] as one GEMM
-# against the two passes, SkylakeX kernels: N = 25,088 (W9's 8-image chunk) 0.42 / 0.41 ms
-# against 0.19 / 0.20; N = 50,176 1.39 / 1.33 against 0.55 / 0.62; Haswell kernels: 0.62 /
-# 0.61 against 0.45 / 0.46, and 1.37 / 1.27 against 1.01 / 1.09.
+# pass one call of 6 stacked products per block of _KRON_COLUMNS columns, which keeps each
+# product under OpenBLAS's small-product bound (gemm.SMALL_PRODUCT). Measured on the 2-vCPU
+# EPYC, [36, 36] x [36, N] as one GEMM against the two passes, alone / beside a second
+# (unpinned) thread doing the same: SkylakeX kernels, N = 25,088 (W9's 8-image chunk) 0.44 /
+# 0.46 ms against 0.19 / 0.30, N = 50,176 1.33 / 1.40 against 0.76 / 0.94; Haswell kernels
+# 0.61 / 0.63 against 0.42 / 0.50, and 1.37 / 1.50 against 1.13 / 1.20. Much smaller blocks
+# make many short calls: 2,048 columns ran 0.20 ms alone and 0.44 beside an unpinned thread
+# (0.28 beside a pinned one).
 _KRON_COLUMNS = 16384
 
 

@@ -447,7 +447,7 @@ def test_layer_norm_equals_torch(shape, axis, scale, bias):
 def test_batch_norm_spread_operands_give_the_bits_of_plain_broadcasting(
     shape, is_test, monkeypatch
 ):
-    """NCHW per-channel operands spread over one image (norm._spread) change the loops, not
+    """NCHW per-channel operands spread over one image (math.spread_y) change the loops, not
     the values: forward and gradients equal those computed with [1, C, 1, 1] operands."""
     from nestflow.ops import norm
     from nestflow.ops.registry import get_op_def
@@ -477,7 +477,7 @@ def test_batch_norm_spread_operands_give_the_bits_of_plain_broadcasting(
 
     spread = run()
     monkeypatch.setattr(
-        norm, "_spread", lambda v, X, c_axis, xp: v.reshape(norm._per_channel(X.ndim, c_axis)[1])
+        norm, "spread_y", lambda X, v, c_axis, xp: v.reshape(norm._per_channel(X.ndim, c_axis)[1])
     )
     for got, want in zip(spread, run(), strict=True):
         np.testing.assert_array_equal(got, want)
