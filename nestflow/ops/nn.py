@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nestflow.core.device_context import array_module, chunk_grain
+from nestflow.core.device_context import array_module, chunk_grain, thread_grain
 from nestflow.core.dtype import in_float32, is_floating, is_low_precision, rounded_to
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import conv_cuda, winograd
@@ -1528,7 +1528,7 @@ class pool2d:
         x = _nchw(X, channel_last)
         geo = _pool_geometry(x.shape[2:], attrs)
         kind, exclusive, n = attrs["pooling_type"], attrs["exclusive"], x.shape[0]
-        grain = chunk_grain(n, x[:1].size, _POOL_CHUNK_ELEMENTS)
+        grain = thread_grain(n, x[:1].size, _POOL_CHUNK_ELEMENTS)
         if device is None or grain >= n:
             return _from_nchw(_pool(x, geo, kind, exclusive), channel_last)
         out = array_module(x).empty(x.shape[:2] + tuple(geo.out_hw), x.dtype)
@@ -1545,7 +1545,7 @@ class pool2d:
         geo = _pool_geometry(x.shape[2:], attrs)
         out, grad = _nchw(Out, channel_last), _nchw(Out_grad, channel_last)
         kind, exclusive, n = attrs["pooling_type"], attrs["exclusive"], x.shape[0]
-        grain = chunk_grain(n, x[:1].size, _POOL_CHUNK_ELEMENTS)
+        grain = thread_grain(n, x[:1].size, _POOL_CHUNK_ELEMENTS)
         if device is None or grain >= n:
             return (_from_nchw(_pool_grad(x, out, grad, geo, kind, exclusive), channel_last),)
         dx = array_module(x).empty(x.shape, grad.dtype)

@@ -23,7 +23,7 @@ import numpy as np
 from nestflow.core.device_context import (
     ROW_CHUNK_ELEMENTS,
     array_module,
-    chunk_grain,
+    thread_grain,
     device_context,
 )
 from nestflow.core.dtype import LOW_PRECISION, in_float32, is_floating
@@ -296,8 +296,11 @@ class batch_norm:
         return d_x, d_scale, d_dy
 
 
-# The intra-op pool splits batch_norm over channels in chunks of at least this many elements.
-_NORM_CHUNK_ELEMENTS = 1 << 17
+# The intra-op pool splits batch_norm over channels (thread_grain) in chunks of at least this
+# many elements: its passes are cheap, and a region costs about 60 us. On the 2-vCPU EPYC at 2
+# threads, forward + gradient on [32, 128, 16, 16] took 1.21 ms in two chunks against 0.98
+# whole, on [32, 64, 32, 32] 1.37 in two against 2.15 whole.
+_NORM_CHUNK_ELEMENTS = 1 << 20
 
 
 def _by_channel(device, X, c_axis: int, operands, body):
@@ -308,7 +311,7 @@ def _by_channel(device, X, c_axis: int, operands, body):
     xp = array_module(X)
     out = xp.empty(X.shape, X.dtype)
     channels = X.shape[c_axis]
-    grain = chunk_grain(channels, X.size // max(channels, 1), _NORM_CHUNK_ELEMENTS)
+    grain = thread_grain(channels, X.size // max(channels, 1), _NORM_CHUNK_ELEMENTS)
     if device is None or grain >= channels:
         return body(X, *operands, out=out)
     lead = (slice(None),) * c_axis
@@ -484,7 +487,7 @@ class layer_norm:
                     x[start:stop], Scale, Bias, epsilon, np
                 )
 
-            grain = chunk_grain(rows, width, ROW_CHUNK_ELEMENTS)
+            grain = thread_grain(rows, width, ROW_CHUNK_ELEMENTS)
             device_context().parallel_for(rows, part, grain)
         else:
             y, mean, var = _normalized_rows(x, Scale, Bias, epsilon, xp)
