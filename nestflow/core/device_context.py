@@ -441,31 +441,6 @@ class CPUDeviceContext(DeviceContext):
         finally:
             self._busy.release()
 
-    def blas_at_one_thread(self) -> Callable[[], None] | None:
-        """For one Executor.run: NumPy's BLAS at one thread where the budget is above one, and
-        what puts its thread counts back (None where nothing changed). The run's large
-        products get the budget's cores from the intra-op pool instead (gemm.product,
-        pooled_matmul), so their bits do not depend on the thread count either.
-
-        Why: after a threaded product OpenBLAS's workers busy-wait for about 0.1 s, on the CPUs
-        the pool's threads are pinned to, and threaded products of medium size gained little.
-        On the 2-vCPU EPYC at 2 threads, W13's ResNet-18 step took 320 ms against 340 with
-        BLAS at the budget (its batch_norm ops 11.4 ms against 15.3), W10's LSTM step 6.5 ms
-        against 6.8, LeNet's (W8) 2.67 against 2.71."""
-        if self.num_threads < 2:
-            return None
-        changed = [(c, n) for c in _blas_controllers() if (n := c.get_num_threads()) != 1]
-        if not changed:
-            return None
-        for c, _ in changed:
-            c.set_num_threads(1)
-
-        def restore() -> None:
-            for c, n in changed:
-                c.set_num_threads(n)
-
-        return restore
-
     def _run(self, chunks: list[tuple[int, int]], body) -> list:
         threads = min(self.num_threads, len(chunks))
         if self._workers is None or self._worker_count < threads - 1:

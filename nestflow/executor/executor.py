@@ -202,7 +202,6 @@ class Executor:
         # Each level of nested sub-blocks recurses: room for the program's deepest chain.
         deep = hold_stack_room(prepared.nesting, "the program")
         local = scope.new_scope() if prepared.needs_local_scope else scope
-        blas = None if self._on_device else self.device.blas_at_one_thread()
         try:
             frame = Frame(plan, local, self, None, None, checking)  # sub-blocks inherit it
             env = frame.env
@@ -242,8 +241,6 @@ class Executor:
                 if value is not None:
                     _store(scope, name, value)
         finally:
-            if blas is not None:
-                blas()
             if deep:
                 release_stack_room()
             if local is not scope:

@@ -41,23 +41,6 @@ TN_PIECE_ROWS = 128
 NT_PIECE = 512
 
 
-def product(a, b):
-    """a @ b for the product ops (mul, matmul and their gradients): pooled_matmul where the
-    product has enough multiply-adds for the intra-op pool to split it, else one matmul on the
-    calling thread (an RNN step's small products pay no more than the call). During a run BLAS
-    itself stays at one thread (Executor.run), so the pool is where a large product gets the
-    budget's cores."""
-    if (
-        type(a) is np.ndarray
-        and type(b) is np.ndarray
-        and a.ndim >= 2
-        and b.ndim >= 2
-        and a.size * b.shape[-1] >= 2 * POOLED_MIN_WORK
-    ):
-        return pooled_matmul(a, b)
-    return a @ b
-
-
 def matmul_tn(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     """x [K, M] transposed times g [K, N]: [M, N], the weight gradient of a product x @ W
     (K: the rows of a batch). Summed over pieces of TN_PIECE_ROWS rows when K is long (2-D
@@ -65,7 +48,7 @@ def matmul_tn(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     xp = array_module(x, g)
     rows = x.shape[0]
     if rows < 2 * TN_PIECE_ROWS or x.ndim != 2 or g.ndim != 2 or xp is not np:
-        return product(xp.swapaxes(x, -1, -2), g)
+        return xp.matmul(x.T, g)
     pieces = range(0, rows, TN_PIECE_ROWS)
     return _summed((x[i : i + TN_PIECE_ROWS], g[i : i + TN_PIECE_ROWS]) for i in pieces)
 
@@ -96,11 +79,11 @@ def _stacked(blocks: Sequence[np.ndarray]) -> np.ndarray:
 def _summed(pairs: Iterable[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     total = None
     for x, g in pairs:
-        piece = product(x.T, g)
+        product = array_module(x).matmul(x.T, g)
         if total is None:
-            total = piece
+            total = product
         else:
-            total += piece
+            total += product
     return total
 
 

@@ -22,7 +22,7 @@ from nestflow.core.dtype import (
 )
 from nestflow.core.selected_rows import SelectedRows
 from nestflow.errors import DTypeError
-from nestflow.ops.gemm import matmul_tn, product
+from nestflow.ops.gemm import matmul_tn
 from nestflow.ops.registry import (
     VarInfo,
     bilinear_double,
@@ -455,13 +455,10 @@ class matmul:
         return VarInfo(_squeeze_vectors(full, len(X.shape) == 1, len(Y.shape) == 1), X.dtype)
 
     def specialize(X, Y, transpose_X, transpose_Y, alpha, xp):
-        # A plain product of two matrices (an RNN step's h @ W): the BLAS call alone (split on
-        # the pool when large).
+        # A plain product of two matrices (an RNN step's h @ W): the BLAS call alone.
         if X is None or Y is None or (X.ndim, Y.ndim) != (2, 2) or X.dtype in LOW_PRECISION:
             return None
-        if transpose_X or transpose_Y or alpha != 1.0:
-            return None
-        return product if xp is np else xp.matmul
+        return xp.matmul if not (transpose_X or transpose_Y) and alpha == 1.0 else None
 
     def forward(X, Y, transpose_X, transpose_Y, alpha, xp):
         if is_low_precision(X.dtype):
@@ -473,7 +470,7 @@ class matmul:
         y = Y.reshape(_as_matrix(Y.shape, False)) if Y.ndim == 1 else Y
         x = xp.swapaxes(x, -1, -2) if transpose_X else x
         y = xp.swapaxes(y, -1, -2) if transpose_Y else y
-        out = product(x, y)
+        out = xp.matmul(x, y)
         if alpha != 1.0:
             out = out * xp.asarray(alpha, out.dtype)
         if X.ndim == 1 or Y.ndim == 1:
@@ -487,7 +484,7 @@ class matmul:
             return rounded_to(dx, X.dtype), rounded_to(dy, Y.dtype)
         if X.ndim == Y.ndim == 2 and not (transpose_X or transpose_Y) and alpha == 1.0:
             # The common matrix product: its two BLAS calls and nothing else (an RNN step).
-            dx = product(Out_grad, Y.T) if needs[0] else None
+            dx = Out_grad @ Y.T if needs[0] else None
             dy = matmul_tn(X, Out_grad) if needs[1] else None
             return dx, dy
         # Work in the matrix form, then undo the vector promotions and broadcasting.
@@ -501,11 +498,11 @@ class matmul:
             g = g * xp.asarray(alpha, g.dtype)
         dx = dy = None
         if needs[0]:
-            dxt = product(g, xp.swapaxes(yt, -1, -2))
+            dxt = xp.matmul(g, xp.swapaxes(yt, -1, -2))
             dx = xp.swapaxes(dxt, -1, -2) if transpose_X else dxt
             dx = unbroadcast(dx, x.shape).reshape(X.shape)
         if needs[1]:
-            dyt = product(xp.swapaxes(xt, -1, -2), g)
+            dyt = xp.matmul(xp.swapaxes(xt, -1, -2), g)
             dy = xp.swapaxes(dyt, -1, -2) if transpose_Y else dyt
             dy = unbroadcast(dy, y.shape).reshape(Y.shape)
         return dx, dy
@@ -573,31 +570,30 @@ class mul:
         return VarInfo(X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:], X.dtype)
 
     def specialize(X, Y, x_num_col_dims, y_num_col_dims, xp):
-        # A matrix times a matrix needs no flattening: the BLAS call alone (split on the pool
-        # when large).
+        # A matrix times a matrix needs no flattening: the BLAS call alone.
         if (
             X is None
             or Y is None
             or (X.ndim, Y.ndim, x_num_col_dims, y_num_col_dims) != (2, 2, 1, 1)
         ):
             return None
-        return product if xp is np else xp.matmul
+        return xp.matmul
 
     def forward(X, Y, x_num_col_dims, y_num_col_dims):
-        out = product(
-            X.reshape(_flat2d(X.shape, x_num_col_dims)), Y.reshape(_flat2d(Y.shape, y_num_col_dims))
+        out = X.reshape(_flat2d(X.shape, x_num_col_dims)) @ Y.reshape(
+            _flat2d(Y.shape, y_num_col_dims)
         )
         return out.reshape(X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:])
 
     def backward(X, Y, Out, Out_grad, x_num_col_dims, y_num_col_dims, needs=(True, True)):
         if X.ndim == Y.ndim == 2 and x_num_col_dims == y_num_col_dims == 1:
-            dx = product(Out_grad, Y.T) if needs[0] else None
+            dx = Out_grad @ Y.T if needs[0] else None
             dy = matmul_tn(X, Out_grad) if needs[1] else None
             return dx, dy
         x2 = X.reshape(_flat2d(X.shape, x_num_col_dims))
         y2 = Y.reshape(_flat2d(Y.shape, y_num_col_dims))
         g2 = Out_grad.reshape(x2.shape[0], y2.shape[1])
-        dx = product(g2, y2.T).reshape(X.shape) if needs[0] else None
+        dx = (g2 @ y2.T).reshape(X.shape) if needs[0] else None
         dy = matmul_tn(x2, g2).reshape(Y.shape) if needs[1] else None
         return dx, dy
 
