@@ -23,8 +23,8 @@ import numpy as np
 from nestflow.core.device_context import (
     ROW_CHUNK_ELEMENTS,
     array_module,
-    thread_grain,
     device_context,
+    thread_grain,
 )
 from nestflow.core.dtype import LOW_PRECISION, in_float32, is_floating
 from nestflow.errors import AttrError, DTypeError
