@@ -38,6 +38,7 @@ from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import conv_cuda, winograd
 from nestflow.ops.activation import shared_zeros
 from nestflow.ops.gemm import matmul_nt, pooled_matmul
+from nestflow.ops.layout import batch_last_into
 from nestflow.ops.registry import Required, VarInfo, bilinear_double, fail, register_op
 
 __all__: list[str] = []
@@ -186,7 +187,11 @@ class _Layout:
         n, c, h, w = x.shape
         shape = (c,) + self.shape(n, (h + top + bottom, w + left + right))
         out = array_module(x).zeros(shape, x.dtype)
-        self.window(out, top, left, (1, 1), (h, w))[...] = self.from_nchw(x)
+        window = self.window(out, top, left, (1, 1), (h, w))
+        if self.batch_last:
+            batch_last_into(window, x)
+        else:
+            window[...] = self.from_nchw(x)
         return out
 
     def window(self, a: np.ndarray, top: int, left: int, strides, out_hw) -> np.ndarray:
@@ -420,11 +425,12 @@ def _columns(x: np.ndarray, k_hw, geo: _ConvGeometry, out_hw) -> np.ndarray:
 def _grouped_grad(grad: np.ndarray, geo: _ConvGeometry) -> np.ndarray:
     """grad [N, M, OH, OW] as [groups, M/g, OH * OW * N], the im2col GEMMs' layout."""
     n, m, oh, ow = grad.shape
-    return (
-        array_module(grad)
-        .ascontiguousarray(_layout(geo).from_nchw(grad))
-        .reshape(geo.groups, m // geo.groups, oh * ow * n)
-    )
+    xp = array_module(grad)
+    if _layout(geo).batch_last:
+        arranged = batch_last_into(xp.empty((m, oh, ow, n), grad.dtype), grad)
+    else:
+        arranged = xp.ascontiguousarray(grad.transpose(1, 0, 2, 3))
+    return arranged.reshape(geo.groups, m // geo.groups, oh * ow * n)
 
 
 # A 1x1 conv over images at least this large, or whose GEMM per image has at least

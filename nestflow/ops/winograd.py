@@ -29,6 +29,7 @@ from nestflow.core.device_context import (
 )
 from nestflow.core.place import place_of as _place_of
 from nestflow.ops.gemm import matmul_nt, pooled_matmul
+from nestflow.ops.layout import batch_last_into
 
 _BT = np.array(
     [
@@ -147,7 +148,7 @@ def _hwn(x: np.ndarray, top: int, left: int, size_hw) -> np.ndarray:
     n, c, h, w = x.shape
     out = array_module(x).zeros((c,) + tuple(size_hw) + (n,), x.dtype)
     rows, cols = min(h, size_hw[0] - top), min(w, size_hw[1] - left)
-    out[:, top : top + rows, left : left + cols] = x.transpose(1, 2, 3, 0)[:, :rows, :cols]
+    batch_last_into(out[:, top : top + rows, left : left + cols], x[:, :, :rows, :cols])
     return out
 
 
