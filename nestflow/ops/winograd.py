@@ -8,9 +8,10 @@ the outputs. Every transform over all tiles at once is a product by a Kronecker 
 (kron(Bt, Bt) is 36x36), so nothing loops over tiles in Python; on the CPU it runs as its two
 factors (_kron_product), one GEMM over each axis of the tiles. Tiles are gathered from a
 copy of the data with the batch innermost and the columns split by their phase modulo 4
-(_hwn), which keeps the strided gathers' runs long. The filter gradient uses the same identity transposed:
-dW = G' (sum over tiles of (A g_out A') * V) G. In float32 the results differ from direct
-convolution by about 1e-5 relative (the F(4x4, 3x3) transform's usual rounding).
+(_hwn), which keeps the strided gathers' runs long. The filter gradient uses the same
+identity transposed: dW = G' (sum over tiles of (A g_out A') * V) G. In float32 the results
+differ from direct convolution by about 1e-5 relative (the F(4x4, 3x3) transform's usual
+rounding).
 
 The functions take arrays of any place (`array_module`); CuPy has the strided views they use.
 """
@@ -171,11 +172,10 @@ def _tiles(padded: np.ndarray, size: int, blocks, top: int = 0, left: int = 0) -
     c, _, _, _, n = padded.shape
     sc, sh, _, sq, sn = padded.strides
     tiles = xp.empty((size, size, c) + tuple(blocks) + (n,), padded.dtype)
+    shape, strides = (size, c, blocks[0], blocks[1], n), (sh, sc, _OUT * sh, sq, sn)
     for j in range(size):
         quad, phase = divmod(left + j, _PHASES)
         column = padded[:, top:, phase, quad:]  # [C, rows, quads, N]: tile column j's start
-        shape = (size, c, blocks[0], blocks[1], n)
-        strides = (sh, sc, _OUT * sh, sq, sn)
         tiles[:, j] = xp.lib.stride_tricks.as_strided(column, shape, strides)
     return tiles.reshape(size * size, c * blocks[0] * blocks[1] * n)
 
