@@ -34,6 +34,7 @@ import numpy as np
 
 from nestflow.core.device_context import array_module, chunk_grain, thread_grain
 from nestflow.core.dtype import in_float32, is_floating, is_low_precision, rounded_to
+from nestflow.core.threads import get_num_threads
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import conv_cuda, winograd
 from nestflow.ops.activation import shared_zeros
@@ -578,26 +579,37 @@ def _conv(
 # The intra-op pool splits a conv's batch into chunks of at least _CONV_CHUNK_WORK
 # multiply-adds (about 0.3 ms of single-threaded GEMM: the pool's ~50 us per call stays small
 # beside it) and _CONV_CHUNK_PIXELS output pixels (narrower GEMMs run slower, and Winograd needs
-# enough 4x4 blocks per chunk), at most _CONV_MAX_CHUNKS of them, or one per thread with more
-# threads (chunk_grain). Measured on the 2-vCPU EPYC (OpenBLAS Haswell kernels), 4 chunks
-# beat 2 and 8 at 1 and at 2 threads: W9 3x3 34.6 / 19.5 ms (8 chunks: 40.6 / 22.3), W13's
-# ResNet-18 step 737 / 516 ms (8: 779 / 538; unchunked: 764 / 741). Up to 4 threads the
-# chunks depend on the shapes only, so the filter gradient's sum over chunks has the same
-# bits whatever the thread count. A small conv's chunks are mostly Python and
-# small copies that hold the GIL, so the least work per chunk is 8M multiply-adds: LeNet's
-# (W8) convs, 5.5M and 9.8M in all, split in chunks of 2M made its step 4.9 ms at 2 threads
-# and 4.4 at 1; whole, 3.9 and 4.1 (PyTorch: 2.0 and 3.4).
+# enough 4x4 blocks per chunk): at most _CONV_FEW_CHUNKS of them, up to _CONV_MAX_CHUNKS where
+# each keeps _CONV_WIDE_CHUNK_PIXELS, and past _CONV_MAX_CHUNKS threads one per thread
+# (chunk_grain). Up to _CONV_MAX_CHUNKS threads the chunks depend on the shapes only, so the
+# filter gradient's sum over chunks has the same bits whatever the thread count.
+#
+# Why more chunks where they stay wide: two threads each running a Winograd chunk of 8 of W9's
+# images ([8, 64, 28, 28]; its tiles, transforms and products 3.6 MB each) slow each other by
+# a third (forward and both gradients, pinned to one vCPU of the 2-vCPU EPYC: 4.85 ms alone,
+# 6.58 beside the same chunk), chunks of 4 images by a sixth (2.46 -> 2.87 ms) at the same
+# cost per image alone. W9 3x3 at 1 / 2 threads, one process: 4 chunks 22.5 / 14.8 ms, 8
+# chunks 22.0 / 13.4. Narrow chunks lose that: ResNet-18's (W13) 128-channel 16x16 convs in 8
+# chunks of 1,024 pixels took 11-12 ms for their gradients at 2 threads against 9-9.6 in 4.
+#
+# A small conv's chunks are mostly Python and small copies that hold the GIL, so the least work
+# per chunk is 8M multiply-adds: LeNet's (W8) convs, 5.5M and 9.8M in all, split in chunks of
+# 2M made its step 4.9 ms at 2 threads and 4.4 at 1; whole, 3.9 and 4.1 (PyTorch: 2.0 and 3.4).
 _CONV_CHUNK_WORK = 1 << 23
-_CONV_MAX_CHUNKS = 4
-_CONV_CHUNK_PIXELS = 1024
+_CONV_FEW_CHUNKS, _CONV_MAX_CHUNKS = 4, 8
+_CONV_CHUNK_PIXELS, _CONV_WIDE_CHUNK_PIXELS = 1024, 2048
 
 
 def _conv_grain(w_shape, out_hw, batch: int) -> int:
     """Images per chunk of a conv with filter w_shape [M, C/g, kh, kw] (batch when one)."""
     pixels = out_hw[0] * out_hw[1]
     cost = math.prod(w_shape) * pixels
-    narrowest = batch * pixels // _CONV_CHUNK_PIXELS
-    return chunk_grain(batch, cost, _CONV_CHUNK_WORK, _CONV_MAX_CHUNKS, narrowest)
+    narrow = batch * pixels // _CONV_CHUNK_PIXELS
+    wide = batch * pixels // _CONV_WIDE_CHUNK_PIXELS
+    limit = max(min(narrow, _CONV_FEW_CHUNKS), wide)
+    if get_num_threads() > _CONV_MAX_CHUNKS:
+        limit = narrow
+    return chunk_grain(batch, cost, _CONV_CHUNK_WORK, _CONV_MAX_CHUNKS, limit)
 
 
 def _pooled_conv(x, w, geo: _ConvGeometry, finish, out_shape, device) -> tuple:
