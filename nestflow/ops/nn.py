@@ -700,10 +700,12 @@ def _conv_input_grad(
 
 def _shared_grad(grad, geo: _ConvGeometry, kernel: str, needs) -> np.ndarray | None:
     """grad in the layout both gradients' kernels read (made once for the two), or None:
-    _grouped_grad's for im2col, winograd.padded_grad's when Winograd makes both."""
+    _grouped_grad's for im2col, winograd.padded_grad's when Winograd makes both (needs[0]
+    and needs[1]: the input and filter gradients; the op's further entries, bias and
+    residual, have no say)."""
     if kernel == "im2col":
         return _grouped_grad(grad, geo)
-    if kernel == "winograd" and all(needs):
+    if kernel == "winograd" and needs[0] and needs[1]:
         return winograd.padded_grad(grad, geo.pads)
     return None
 

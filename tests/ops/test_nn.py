@@ -580,6 +580,28 @@ def test_winograd_gradients_share_the_padded_gradient(pads, hw):
     assert winograd.padded_grad(grad, (3, 0, 0, 0)) is None
 
 
+@pytest.mark.parametrize("pooled", [False, True], ids=["whole", "pool"])
+def test_conv_grad_lays_the_gradient_out_once_for_both_gradients(pooled, monkeypatch):
+    """conv2d's backward, asked for both gradients (its needs also hold Bias and
+    ResidualData), gives filter_grad the padded gradient input_grad made: two layout copies
+    a batch (the input's and the gradient's), not three."""
+    x, w = normal(2, 16, 8, 8, dtype="float32"), normal(16, 16, 3, 3, dtype="float32")
+    grad = normal(2, 16, 8, 8, dtype="float32")
+    attrs = {**nn_ops._CONV2D_ATTRS, "paddings": [1, 1], "use_cudnn": True}
+    monkeypatch.setattr(nn_ops, "_winograd_pays", lambda out_hw, batch: True)
+    laid_out = []
+    hwn = winograd._hwn
+    monkeypatch.setattr(winograd, "_hwn", lambda a, *rest: laid_out.append(a) or hwn(a, *rest))
+    device = nf.device_context(nf.CPUPlace()) if pooled else None
+    needs = (True, True, False, False)
+    dx, dw, _, _ = nn_ops._conv_backward(x, w, None, None, None, grad, False, attrs, needs, device)
+    assert len(laid_out) == 2
+    monkeypatch.setattr(winograd, "_hwn", hwn)
+    want = nn_ops._conv_backward(x, w, None, None, None, grad, False, attrs, needs, device)
+    np.testing.assert_array_equal(dx, want[0])
+    np.testing.assert_array_equal(dw, want[1])
+
+
 @pytest.mark.parametrize("cols", [0, 1, 37, winograd._KRON_COLUMNS, 2 * winograd._KRON_COLUMNS + 5])
 @pytest.mark.parametrize(
     "factor,kron",
