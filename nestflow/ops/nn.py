@@ -32,8 +32,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nestflow.core.device_context import array_module, chunk_grain, thread_grain
+from nestflow.core.device_context import (
+    ROW_CHUNK_ELEMENTS,
+    array_module,
+    chunk_grain,
+    device_context,
+    thread_grain,
+)
 from nestflow.core.dtype import in_float32, is_floating, is_low_precision, rounded_to
+from nestflow.core.place import place_of
 from nestflow.core.threads import get_num_threads
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import conv_cuda, winograd
@@ -242,10 +249,12 @@ def _phases(xt: np.ndarray, strides) -> np.ndarray:
 
 def _im2col(xt: np.ndarray, k_hw, geo: _ConvGeometry, out_hw) -> np.ndarray:
     """Columns [C, kh, kw, *layout.shape(N, (OH, OW))] of the padded input xt in
-    _layout(geo): one copy per kernel offset (read from _phases for a stride above 1)."""
+    _layout(geo): one copy per kernel offset (read from _phases for a stride above 1), over
+    blocks of channels on the intra-op pool (_by_channels)."""
     (kh, kw), (dh, dw), layout = k_hw, geo.dilations, _layout(geo)
     n = xt.shape[3] if layout.batch_last else xt.shape[1]
     xp = array_module(xt)
+    cols = xp.empty(xt.shape[:1] + (kh, kw) + layout.shape(n, out_hw), xt.dtype)
     if geo.strides == (1, 1):
         # every offset's window as one view, copied by one call (25 copies for a 5x5 kernel
         # took longer: LeNet's second conv 0.060 -> 0.035 ms, a 64-channel 5x5 on 28x28 16.0
@@ -253,43 +262,79 @@ def _im2col(xt: np.ndarray, k_hw, geo: _ConvGeometry, out_hw) -> np.ndarray:
         c_stride, *axes = xt.strides
         if layout.batch_last:  # [C, Hp, Wp, N]
             h_stride, w_stride, n_stride = axes
-            shape = (xt.shape[0], kh, kw) + tuple(out_hw) + (n,)
-            strides = (c_stride, dh * h_stride, dw * w_stride, h_stride, w_stride, n_stride)
+            shape = (kh, kw) + tuple(out_hw) + (n,)
+            strides = (dh * h_stride, dw * w_stride, h_stride, w_stride, n_stride)
         else:  # [C, N, Hp, Wp]
             n_stride, h_stride, w_stride = axes
-            shape = (xt.shape[0], kh, kw, n) + tuple(out_hw)
-            strides = (c_stride, dh * h_stride, dw * w_stride, n_stride, h_stride, w_stride)
-        return xp.ascontiguousarray(xp.lib.stride_tricks.as_strided(xt, shape, strides))
-    cols = xp.empty(xt.shape[:1] + (kh, kw) + layout.shape(n, out_hw), xt.dtype)
+            shape = (kh, kw, n) + tuple(out_hw)
+            strides = (dh * h_stride, dw * w_stride, n_stride, h_stride, w_stride)
+
+        def copied(start: int, stop: int) -> None:
+            part = xt[start:stop]
+            windows = xp.lib.stride_tricks.as_strided(
+                part, part.shape[:1] + shape, (c_stride,) + strides
+            )
+            cols[start:stop] = windows
+
+        return _by_channels(cols, copied)
     (sh, sw), (oh, ow) = geo.strides, out_hw
     # the phase split costs one copy of the input: worth it when many offsets read it (a 7x7
     # stride-2 conv's im2col takes a third less time; a 3x3 one's gains little)
     split = not layout.batch_last and kh * kw >= 4 * sh * sw
     phases = _phases(xt, geo.strides) if split else None
-    for i in range(kh):
-        for j in range(kw):
-            if phases is None:
-                cols[:, i, j] = layout.window(xt, i * dh, j * dw, geo.strides, out_hw)
-                continue
-            (top, a), (left, b) = divmod(i * dh, sh), divmod(j * dw, sw)
-            cols[:, i, j] = phases[a, b, :, :, top : top + oh, left : left + ow]
-    return cols
+
+    def offsets(start: int, stop: int) -> None:
+        for i in range(kh):
+            for j in range(kw):
+                if phases is None:
+                    window = layout.window(xt[start:stop], i * dh, j * dw, geo.strides, out_hw)
+                    cols[start:stop, i, j] = window
+                    continue
+                (top, a), (left, b) = divmod(i * dh, sh), divmod(j * dw, sw)
+                cols[start:stop, i, j] = phases[
+                    a, b, start:stop, :, top : top + oh, left : left + ow
+                ]
+
+    return _by_channels(cols, offsets)
 
 
 def _col2im(cols: np.ndarray, padded_hw, geo: _ConvGeometry, out_hw) -> np.ndarray:
-    """The adjoint of _im2col: the columns summed into a zero padded input."""
+    """The adjoint of _im2col: the columns summed into a zero padded input, over blocks of
+    channels on the intra-op pool (_by_channels)."""
     layout = _layout(geo)
     c, kh, kw = cols.shape[:3]
     n = cols.shape[5] if layout.batch_last else cols.shape[3]
     if (kh, kw) == (1, 1) and geo.strides == (1, 1) and tuple(out_hw) == tuple(padded_hw):
         return cols[:, 0, 0]
-    out = array_module(cols).zeros((c,) + layout.shape(n, padded_hw), cols.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            view = layout.window(
-                out, i * geo.dilations[0], j * geo.dilations[1], geo.strides, out_hw
-            )
-            view += cols[:, i, j]
+    out = array_module(cols).empty((c,) + layout.shape(n, padded_hw), cols.dtype)
+
+    def summed(start: int, stop: int) -> None:
+        block = out[start:stop]
+        block[...] = 0
+        for i in range(kh):
+            for j in range(kw):
+                view = layout.window(
+                    block, i * geo.dilations[0], j * geo.dilations[1], geo.strides, out_hw
+                )
+                view += cols[start:stop, i, j]
+
+    return _by_channels(out, summed, cols[:1].size)
+
+
+# im2col's copies and col2im's sums split their channels across the intra-op pool in blocks
+# of at least this many elements copied or added.
+_COPY_CHUNK_ELEMENTS = ROW_CHUNK_ELEMENTS
+
+
+def _by_channels(out: np.ndarray, body, channel_cost: int | None = None) -> np.ndarray:
+    """body(start, stop) over blocks of out's leading (channel) axis on the pool of out's
+    place (thread_grain: one call for small work, and on a device); out. channel_cost: the
+    elements a channel's work moves (default: its share of out)."""
+    c = out.shape[0]
+    if c:
+        cost = out[:1].size if channel_cost is None else channel_cost
+        grain = thread_grain(c, cost, _COPY_CHUNK_ELEMENTS)
+        device_context(place_of(out)).parallel_for(c, body, grain)
     return out
 
 

@@ -170,6 +170,48 @@ def test_chunked_conv_equals_the_plain_kernel(case, threads, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())
 
 
+@pytest.mark.parametrize(
+    "k,stride,dilation,pad",
+    [(3, 1, 1, 1), (3, 2, 1, 1), (5, 2, 1, 2), (3, 1, 2, 2), (1, 2, 1, 0)],
+    ids=["batch_last", "strided", "strided_phases", "dilated", "1x1_strided"],
+)
+def test_im2col_and_col2im_split_by_channels_with_the_same_bits(
+    k, stride, dilation, pad, threads, monkeypatch
+):
+    """_im2col's copies and _col2im's sums over blocks of channels on the pool (at least two
+    blocks here) equal one call over all channels, bit for bit."""
+    from nestflow.ops import nn
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 7, 11, 10)).astype("float32")
+    attrs = {
+        **{n: s.default for n, s in get_op_def("conv2d").attrs.items()},
+        "paddings": [pad, pad],
+        "strides": [stride, stride],
+        "dilations": [dilation, dilation],
+    }
+    geo = nn._conv_geometry(attrs, x.shape[2:], (k, k), x.shape[1])
+    out_hw = geo.out_hw(x.shape[2:], (k, k))
+    padded_hw = (11 + 2 * pad, 10 + 2 * pad)
+    threads(2)
+    results, blocks = {}, []
+    grain = nn.thread_grain
+    monkeypatch.setattr(
+        nn,
+        "thread_grain",
+        lambda n, *rest: blocks.append(-(-n // grain(n, *rest))) or grain(n, *rest),
+    )
+    for split, size in (("whole", 1 << 40), ("split", 1)):
+        monkeypatch.setattr(nn, "_COPY_CHUNK_ELEMENTS", size)
+        blocks.clear()
+        cols = nn._im2col(nn._layout(geo).arrange(x, geo.pads), (k, k), geo, out_hw)
+        summed = nn._col2im(cols * 2, padded_hw, geo, out_hw)
+        results[split] = (cols, summed, list(blocks))
+    np.testing.assert_array_equal(results["split"][0], results["whole"][0])
+    np.testing.assert_array_equal(results["split"][1], results["whole"][1])
+    assert results["whole"][2] == [1, 1] and min(results["split"][2]) >= 2
+
+
 def test_chunked_fused_conv_applies_bias_residual_and_relu_per_image(threads, monkeypatch):
     from nestflow.ops import nn
 
