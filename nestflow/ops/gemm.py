@@ -194,6 +194,19 @@ POOLED_MAX_CHUNKS = 4
 POOLED_MIN_DEPTH = 64
 
 
+def _product_shape(a_shape: tuple, b_shape: tuple) -> tuple:
+    """The shape of a @ b for a, b of at least 2 dims. The stacks of a conv's chunks agree (or
+    one side has none) and skip np.broadcast_shapes: its 3 us of Python hold the GIL, which a
+    pool thread's chunk then waits for."""
+    if a_shape[:-2] == b_shape[:-2] or len(b_shape) == 2:
+        stack = a_shape[:-2]
+    elif len(a_shape) == 2:
+        stack = b_shape[:-2]
+    else:
+        stack = np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    return stack + (a_shape[-2], b_shape[-1])
+
+
 def pooled_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b split across the CPU's intra-op pool: a stack of products by its leading axis
     (each product whole: the same bits as one call), a single one by its larger output axis
@@ -206,8 +219,8 @@ def pooled_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     xp = array_module(a, b)
     if xp is not np or a.ndim < 2 or b.ndim < 2:
         return xp.matmul(a, b)
-    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
-    work = int(np.prod(shape, dtype=np.int64)) * a.shape[-1]
+    shape = _product_shape(a.shape, b.shape)
+    work = math.prod(shape) * a.shape[-1]
     if work < 2 * POOLED_MIN_WORK or a.shape[-1] < POOLED_MIN_DEPTH:
         return _one_call(a, b)
     out = np.empty(shape, np.result_type(a, b))

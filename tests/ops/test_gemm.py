@@ -233,3 +233,24 @@ def test_pooled_matmul_runs_a_single_skinny_product_in_small_kernel_blocks(monke
     calls.clear()
     gemm.pooled_matmul(a.astype("float64"), b.astype("float64"))  # measured on sgemm only
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [
+        ((3, 4), (4, 5)),
+        ((7, 3, 4), (7, 4, 5)),  # stacks that agree
+        ((7, 3, 4), (4, 5)),  # b broadcast over a's stack
+        ((3, 4), (2, 7, 4, 5)),  # a broadcast over b's
+        ((2, 1, 3, 4), (6, 4, 5)),  # a true broadcast of the stacks
+        ((0, 3, 4), (0, 4, 5)),  # an empty stack
+    ],
+)
+def test_product_shape_agrees_with_numpy(a_shape, b_shape):
+    """pooled_matmul's shape of a @ b skips np.broadcast_shapes where the stacks agree or one
+    side has none; every case equals NumPy's own result's shape."""
+    from nestflow.ops.gemm import _product_shape, pooled_matmul
+
+    a, b = np.ones(a_shape, np.float32), np.ones(b_shape, np.float32)
+    assert _product_shape(a_shape, b_shape) == np.matmul(a, b).shape
+    assert pooled_matmul(a, b).shape == np.matmul(a, b).shape

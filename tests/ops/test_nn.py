@@ -602,6 +602,29 @@ def test_conv_grad_lays_the_gradient_out_once_for_both_gradients(pooled, monkeyp
     np.testing.assert_array_equal(dw, want[1])
 
 
+@pytest.mark.parametrize("size,top,left", [(6, 0, 0), (6, 2, 3), (4, 1, 2), (4, 0, 5)])
+def test_winograd_tiles_view_equals_as_strided(size, top, left):
+    """_tiles makes its overlapping views of a contiguous NumPy layout with the ndarray
+    constructor (as_strided's Python holds the GIL 2 us a call): the tiles equal those read
+    through as_strided, which a non-contiguous layout (and a device array) still takes."""
+    x = normal(3, 5, 13, 11, dtype="float32")
+    blocks = (2, 2)
+    padded = winograd._hwn(x, 1, 2, (4 * blocks[0] + 2 + top, 4 * blocks[1] + 2 + left))
+    got = winograd._tiles(padded, size, blocks, top, left)
+    c, _, _, _, n = padded.shape
+    sc, sh, _, sq, sn = padded.strides
+    want = np.empty((size, size, c) + blocks + (n,), padded.dtype)
+    for j in range(size):
+        quad, phase = divmod(left + j, winograd._PHASES)
+        column = padded[:, top:, phase, quad:]
+        shape, strides = (size, c) + blocks + (n,), (sh, sc, 4 * sh, sq, sn)
+        want[:, j] = np.lib.stride_tricks.as_strided(column, shape, strides)
+    np.testing.assert_array_equal(got, want.reshape(size * size, -1))
+    strided = np.moveaxis(np.moveaxis(padded.copy(), 0, -1).copy(), -1, 0)  # not C-contiguous
+    assert not strided.flags.c_contiguous
+    np.testing.assert_array_equal(winograd._tiles(strided, size, blocks, top, left), got)
+
+
 @pytest.mark.parametrize("cols", [0, 1, 37, winograd._KRON_COLUMNS, 2 * winograd._KRON_COLUMNS + 5])
 @pytest.mark.parametrize(
     "factor,kron",
