@@ -88,7 +88,8 @@ def main() -> None:
     for _ in range(1000):
         _python_gap(GAP_STEPS)
     gap_us = (time.perf_counter() - gap_start) / 1000 * 1e6
-    print(f"Python gap: {gap_us:.1f} us; CPUs: {len(os.sched_getaffinity(0))}")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"Python gap: {gap_us:.1f} us; CPUs: {cpus}")
     print("| elements | call (us) | own arrays | one shared output | own arrays + Python gap |")
     print("|---|---|---|---|---|")
     for size in SIZES:
