@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nestflow.core.device_context import ROW_CHUNK_ELEMENTS, thread_grain
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops.registry import (
@@ -245,6 +246,78 @@ extern "C" __global__ void swce_forward(
 """
 
 
+def _rows_on_pool(logits, axis: int, device) -> bool:
+    """Whether softmax_with_cross_entropy splits its rows (logits' leading axis, when that
+    is not the class axis) across the CPU's intra-op pool: large logits on the host."""
+    return (
+        device.xp is np and logits.ndim > 1 and axis != 0 and logits.size >= 2 * ROW_CHUNK_ELEMENTS
+    )
+
+
+def _row_grain(logits) -> int:
+    return thread_grain(len(logits), logits[:1].size, ROW_CHUNK_ELEMENTS)
+
+
+def _rows_of(a, n: int, ndim: int, part: slice):
+    """a's rows `part` where a has the logits' rows (its rank and leading size), else a whole
+    (None, or broadcast along them)."""
+    return a[part] if getattr(a, "ndim", 0) == ndim and a.shape[0] == n else a
+
+
+def _softmax_cross_entropy(logits, label, soft_label, axis, ignore_index, device, out=None):
+    """(softmax, loss) of softmax_with_cross_entropy, the softmax written into `out` if
+    given; each row on its own (a slice of the rows gives those rows' bits)."""
+    xp = device.xp
+    shifted = logits - logits.max(axis=axis, keepdims=True)
+    exp = xp.exp(shifted, out=out)
+    total = exp.sum(axis=axis, keepdims=True)
+    softmax = xp.divide(exp, total, out=exp)
+    log_total = xp.log(total)
+    if soft_label:
+        loss = -(label * (shifted - log_total)).sum(axis=axis, keepdims=True)
+    else:
+        ids, ignored = _class_ids(label, logits, axis, ignore_index, device)
+        loss = _unless_ignored(log_total - _pick(shifted, ids, axis, xp), ignored, xp)
+    return softmax, loss
+
+
+def _softmax_cross_entropy_grad(
+    logits,
+    label,
+    softmax,
+    softmax_grad,
+    loss_grad,
+    soft_label,
+    axis,
+    ignore_index,
+    device,
+    out=None,
+):
+    """The gradient of softmax_with_cross_entropy by its logits, written into `out` if given;
+    each row on its own."""
+    xp = device.xp
+    if loss_grad is None:
+        grad = xp.zeros_like(logits) if out is None else _filled(out, 0)
+    elif soft_label:
+        # Exact for any Label, not only distributions summing to 1.
+        total = label.sum(axis=axis, keepdims=True)
+        grad = xp.multiply(softmax, total, out=out)
+        grad -= label
+        grad *= loss_grad
+    else:
+        # (softmax - one_hot(label)) * dLoss, ignored rows zero.
+        ids, ignored = _class_ids(label, logits, axis, ignore_index, device)
+        grad = softmax.copy() if out is None else _filled(out, softmax)
+        xp.put_along_axis(grad, ids, _pick(grad, ids, axis, xp) - 1, axis=axis)
+        grad *= _unless_ignored(xp.broadcast_to(loss_grad, ids.shape), ignored, xp)
+    return _plus_softmax_grad(grad, softmax, softmax_grad, axis)
+
+
+def _filled(out, value):
+    out[...] = value
+    return out
+
+
 # its gradient: (softmax - one_hot(label)) * dLoss per element, the ids checked on the way
 _SWCE_GRAD = cuda_elementwise(
     "nestflow_swce_grad",
@@ -277,18 +350,21 @@ class softmax_with_cross_entropy:
         return VarInfo(Logits.shape, Logits.dtype), VarInfo(loss_shape, Logits.dtype)
 
     def forward(Logits, Label, soft_label, axis, ignore_index, device):
-        xp = device.xp
         axis %= Logits.ndim
-        shifted = Logits - Logits.max(axis=axis, keepdims=True)
-        exp = xp.exp(shifted)
-        total = exp.sum(axis=axis, keepdims=True)
-        softmax = xp.divide(exp, total, out=exp)
-        log_total = xp.log(total)
-        if soft_label:
-            loss = -(Label * (shifted - log_total)).sum(axis=axis, keepdims=True)
-        else:
-            ids, ignored = _class_ids(Label, Logits, axis, ignore_index, device)
-            loss = _unless_ignored(log_total - _pick(shifted, ids, axis, xp), ignored, xp)
+        if not _rows_on_pool(Logits, axis, device):
+            return _softmax_cross_entropy(Logits, Label, soft_label, axis, ignore_index, device)
+        if not soft_label:  # a bad id is reported at its place in the whole Label
+            _class_ids(Label, Logits, axis, ignore_index, device)
+        softmax = np.empty_like(Logits)
+        loss = np.empty(Logits.shape[:axis] + (1,) + Logits.shape[axis + 1 :], Logits.dtype)
+
+        def rows(start: int, stop: int) -> None:
+            part = slice(start, stop)
+            loss[part] = _softmax_cross_entropy(
+                Logits[part], Label[part], soft_label, axis, ignore_index, device, softmax[part]
+            )[1]
+
+        device.parallel_for(len(Logits), rows, _row_grain(Logits))
         return softmax, loss
 
     def forward_cuda(Logits, Label, soft_label, axis, ignore_index, device):
@@ -321,21 +397,25 @@ class softmax_with_cross_entropy:
         ignore_index,
         device,
     ):
-        xp = device.xp
         axis %= Logits.ndim
-        if Loss_grad is None:
-            grad = xp.zeros_like(Logits)
-        elif soft_label:
-            # Exact for any Label, not only distributions summing to 1.
-            total = Label.sum(axis=axis, keepdims=True)
-            grad = (Softmax * total - Label) * Loss_grad
-        else:
-            # (softmax - one_hot(label)) * dLoss, ignored rows zero.
-            ids, ignored = _class_ids(Label, Logits, axis, ignore_index, device)
-            grad = Softmax.copy()
-            xp.put_along_axis(grad, ids, _pick(grad, ids, axis, xp) - 1, axis=axis)
-            grad *= _unless_ignored(xp.broadcast_to(Loss_grad, ids.shape), ignored, xp)
-        return (_plus_softmax_grad(grad, Softmax, Softmax_grad, axis),)
+        args = (soft_label, axis, ignore_index, device)
+        if not _rows_on_pool(Logits, axis, device):
+            return (
+                _softmax_cross_entropy_grad(Logits, Label, Softmax, Softmax_grad, Loss_grad, *args),
+            )
+        if not soft_label and Loss_grad is not None:
+            _class_ids(Label, Logits, axis, ignore_index, device)
+        grad, n = np.empty_like(Softmax), len(Logits)
+
+        def rows(start: int, stop: int) -> None:
+            part = slice(start, stop)
+            sliced = [_rows_of(a, n, Logits.ndim, part) for a in (Softmax_grad, Loss_grad)]
+            _softmax_cross_entropy_grad(
+                Logits[part], Label[part], Softmax[part], *sliced, *args, out=grad[part]
+            )
+
+        device.parallel_for(n, rows, _row_grain(Logits))
+        return (grad,)
 
     def backward_cuda(
         Logits,

@@ -21,8 +21,10 @@ import math
 import numpy as np
 
 from nestflow.core.device_context import (
+    CACHE_CHUNK_ELEMENTS,
     ROW_CHUNK_ELEMENTS,
     array_module,
+    chunk_grain,
     device_context,
     thread_grain,
 )
@@ -449,6 +451,39 @@ def _normalized_rows(x, Scale, Bias, epsilon: float, xp) -> tuple:
     return y, mean, var
 
 
+def _layer_norm_grad_rows(x, dy, stats, Scale, epsilon: float, wants, out=None) -> tuple:
+    """layer_norm's gradients over rows x [rows, width] (dy alike; stats: their (Mean,
+    Variance), or None to compute them): (x_grad, written into `out` if given; these rows'
+    share of the Scale and of the Bias gradient), None for what `wants` leaves out."""
+    xp = array_module(x)
+    if stats is None:
+        mean = x.mean(axis=1)
+        var = xp.mean(xp.square(x - mean[:, None]), axis=1)
+    else:
+        mean, var = stats
+    inv_std = (1.0 / xp.sqrt(var + x.dtype.type(epsilon)))[:, None]
+    x_hat = (x - mean[:, None]) * inv_std
+    scale_grad = (dy * x_hat).sum(axis=0) if wants[1] else None
+    bias_grad = dy.sum(axis=0) if wants[2] else None
+    if not wants[0]:
+        return None, scale_grad, bias_grad
+    g = dy * Scale if Scale is not None else dy
+    inner = g - g.mean(axis=1, keepdims=True) - x_hat * (g * x_hat).mean(axis=1, keepdims=True)
+    x_grad = xp.multiply(inv_std, inner, out=out)
+    return x_grad, scale_grad, bias_grad
+
+
+def _summed_in_order(parts: list):
+    """The chunks' partial sums added in chunk order (None where they are None): the same
+    chunks give the same bits at any thread count (chunk_grain)."""
+    if parts[0] is None:
+        return None
+    total = parts[0]
+    for more in parts[1:]:
+        total = total + more
+    return total
+
+
 @register_op
 class layer_norm:
     """X flattened to 2-D [rows, width] at begin_norm_axis; each row normalised:
@@ -513,23 +548,26 @@ class layer_norm:
     ):
         dtype, X, Y_grad = X.dtype, in_float32(X), in_float32(Y_grad)
         rows, width = _rows_and_width(X.shape, begin_norm_axis)
-        x = X.reshape(rows, width)
-        dy = Y_grad.reshape(rows, width)
-        if Mean is None or Variance is None:
-            Mean = x.mean(axis=1)
-            Variance = xp.mean(xp.square(x - Mean[:, None]), axis=1)
-        inv_std = (1.0 / xp.sqrt(Variance + X.dtype.type(epsilon)))[:, None]
-        x_hat = (x - Mean[:, None]) * inv_std
-        scale_grad = (dy * x_hat).sum(axis=0) if Scale is not None and needs[1] else None
-        bias_grad = dy.sum(axis=0) if Bias is not None and needs[2] else None
-        x_grad = None
-        if needs[0]:
-            g = dy * Scale if Scale is not None else dy
-            x_grad = inv_std * (
-                g - g.mean(axis=1, keepdims=True) - x_hat * (g * x_hat).mean(axis=1, keepdims=True)
-            )
+        x, dy = X.reshape(rows, width), Y_grad.reshape(rows, width)
+        wants = (needs[0], Scale is not None and needs[1], Bias is not None and needs[2])
+        x_grad = np.empty((rows, width), X.dtype) if xp is np and wants[0] else None
+
+        def part(start: int, stop: int) -> tuple:
+            chunk = slice(start, stop)
+            stats = None if Mean is None or Variance is None else (Mean[chunk], Variance[chunk])
+            into = None if x_grad is None else x_grad[chunk]
+            return _layer_norm_grad_rows(x[chunk], dy[chunk], stats, Scale, epsilon, wants, into)
+
+        if xp is np and X.size >= 2 * ROW_CHUNK_ELEMENTS:  # rows on the intra-op pool
+            grain = chunk_grain(rows, width, CACHE_CHUNK_ELEMENTS)
+            parts = device_context().parallel_for(rows, part, grain)
+        else:
+            parts = [part(0, rows)]
+        if x_grad is None and wants[0]:  # a device's array, made by the one part
+            x_grad = parts[0][0]
+        if x_grad is not None:
             x_grad = x_grad.reshape(X.shape).astype(dtype, copy=False)
-        return x_grad, scale_grad, bias_grad
+        return (x_grad, *(_summed_in_order([p[k] for p in parts]) for k in (1, 2)))
 
     double_grad = ("X", "Scale", "Y@GRAD")
 

@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from nestflow.core.device_context import device_context
+from nestflow.core.device_context import ROW_CHUNK_ELEMENTS, device_context, thread_grain
 from nestflow.core.dtype import is_floating
 from nestflow.core.place import place_of
 from nestflow.core.selected_rows import SelectedRows
@@ -101,6 +101,45 @@ def _one_float(*arrays) -> bool:
     return all(a.dtype.name in _FLOATS and a.size == 1 for a in arrays)
 
 
+def _splits(xp, Param, *state) -> bool:
+    """Whether a dense update runs over chunks of its values on the CPU's intra-op pool:
+    host arrays (`state`: Grad and the moments) of Param's shape, at least two chunks' worth."""
+    return (
+        xp is np
+        and Param.size >= 2 * ROW_CHUNK_ELEMENTS
+        and all(type(a) is np.ndarray and a.shape == Param.shape for a in state)
+    )
+
+
+def _in_chunks(forward, full: dict, outs: int, out=None, **rest):
+    """forward(**full, **rest) over flat chunks of the Param-shaped arrays `full` on the
+    CPU's intra-op pool, each chunk's working arrays in cache: its first `outs` results put
+    together (ParamOut into `out`, the buffer the executor lends, where it fits; None where
+    the update gives None), the rest (the beta powers) from the first chunk. Every value is
+    updated on its own, so the bits do not depend on the split."""
+    param = full["Param"]
+    flat = {name: a.reshape(-1) for name, a in full.items()}
+    results = [np.empty(param.size, param.dtype) for _ in range(outs)]
+    if out is not None and out.shape == param.shape and out.dtype == param.dtype:
+        results[0] = out.reshape(-1)
+
+    def part(start: int, stop: int) -> tuple:
+        got = forward(**{name: a[start:stop] for name, a in flat.items()}, **rest)
+        got = got if isinstance(got, tuple) else (got,)
+        for into, value in zip(results, got[:outs]):
+            if value is not None:
+                into[start:stop] = value
+        return got
+
+    n = param.size
+    first = device_context().parallel_for(n, part, thread_grain(n, 1, ROW_CHUNK_ELEMENTS))[0]
+    joined = tuple(
+        None if value is None else into.reshape(param.shape)
+        for into, value in zip(results, first[:outs])
+    )
+    return joined + first[outs:] if len(first) > 1 else joined[0]
+
+
 _SGD = cuda_elementwise(
     "nestflow_sgd",
     "T param, T grad, raw L lr",
@@ -130,6 +169,9 @@ class sgd:
             return param
         if not Param.ndim:
             return xp.asarray(Param - lr * Grad)
+        if _splits(xp, Param, Grad):
+            full = {"Param": Param, "Grad": Grad}
+            return _in_chunks(sgd.forward, full, 1, out, LearningRate=LearningRate, xp=xp)
         # One new array at most (none when the executor lends Grad's buffer as `out`).
         step = xp.multiply(Grad, lr, out=out)
         return xp.subtract(Param, step, out=step)
@@ -183,6 +225,10 @@ class momentum:
             velocity = xp.asarray(mu * Velocity + Grad)
             step = Grad + mu * velocity if use_nesterov else velocity
             return xp.asarray(Param - lr * step), velocity
+        if _splits(xp, Param, Grad, Velocity):
+            full = {"Param": Param, "Grad": Grad, "Velocity": Velocity}
+            rest = {"LearningRate": LearningRate, "mu": mu, "use_nesterov": use_nesterov}
+            return _in_chunks(momentum.forward, full, 2, out, **rest, xp=xp)
         velocity = xp.multiply(Velocity, mu)
         velocity += Grad
         if use_nesterov:
@@ -298,6 +344,11 @@ class adam:
             moments = [a.reshape(1) for a in (Moment1, Moment2)]
             new = adam.forward(*flat, LearningRate, *moments, Beta1Pow, Beta2Pow, xp, **attrs)
             return (*(a.reshape(()) for a in new[:3]), *new[3:])
+        if _splits(xp, Param, Grad, Moment1, Moment2):
+            full = {"Param": Param, "Grad": Grad, "Moment1": Moment1, "Moment2": Moment2}
+            powers = {"Beta1Pow": Beta1Pow, "Beta2Pow": Beta2Pow}
+            rest = {"LearningRate": LearningRate, **powers, **attrs}
+            return _in_chunks(adam.forward, full, 3, out, **rest, xp=xp)
         beta1, beta2, epsilon = attrs["beta1"], attrs["beta2"], attrs["epsilon"]
         dtype = Param.dtype
         # Bias corrections in float64 (like torch's Python floats), applied in Param's dtype.
@@ -419,6 +470,10 @@ class adagrad:
             param[rows] = param[rows] - lr * (g / std)
             moments[rows] = moment
             return param, moments
+        if _splits(xp, Param, Grad, Moment):
+            full = {"Param": Param, "Grad": Grad, "Moment": Moment}
+            rest = {"LearningRate": LearningRate, "epsilon": epsilon}
+            return _in_chunks(adagrad.forward, full, 2, **rest, xp=xp)
         moment = Moment + Grad * Grad
         std = xp.sqrt(moment) + _scalar(epsilon, Param.dtype, xp)
         lr = _scalar(LearningRate, Param.dtype, xp)
@@ -452,6 +507,12 @@ class rmsprop:
 
     def forward(Param, MeanSquare, MeanGrad, LearningRate, Grad, Moment, xp, **attrs):
         Grad = _dense(Grad)
+        full = {"Param": Param, "MeanSquare": MeanSquare, "Grad": Grad, "Moment": Moment}
+        if _splits(xp, *full.values(), *([] if MeanGrad is None else [MeanGrad])):
+            scalars = {"LearningRate": LearningRate, "MeanGrad": MeanGrad}
+            if MeanGrad is not None:  # sliced with the others
+                full["MeanGrad"] = scalars.pop("MeanGrad")
+            return _in_chunks(rmsprop.forward, full, 4, **scalars, **attrs, xp=xp)
         dtype = Param.dtype
         decay = _scalar(attrs["decay"], dtype, xp)
         rest = _scalar(1.0 - attrs["decay"], dtype, xp)
@@ -488,6 +549,11 @@ class adadelta:
 
     def forward(Param, Grad, AvgSquaredGrad, AvgSquaredUpdate, LearningRate, rho, epsilon, xp):
         Grad = _dense(Grad)
+        if _splits(xp, Param, Grad, AvgSquaredGrad, AvgSquaredUpdate):
+            full = {"Param": Param, "Grad": Grad, "AvgSquaredGrad": AvgSquaredGrad}
+            full["AvgSquaredUpdate"] = AvgSquaredUpdate
+            scalars = {"LearningRate": LearningRate, "rho": rho, "epsilon": epsilon}
+            return _in_chunks(adadelta.forward, full, 3, **scalars, xp=xp)
         dtype = Param.dtype
         keep, rest = _scalar(rho, dtype, xp), _scalar(1.0 - rho, dtype, xp)
         eps = _scalar(epsilon, dtype, xp)
@@ -539,6 +605,10 @@ class adamax:
 
     def forward(Param, Grad, LearningRate, Moment, InfNorm, Beta1Pow, beta1, beta2, epsilon, xp):
         Grad = _dense(Grad)
+        if _splits(xp, Param, Grad, Moment, InfNorm):
+            full = {"Param": Param, "Grad": Grad, "Moment": Moment, "InfNorm": InfNorm}
+            rest = {"LearningRate": LearningRate, "Beta1Pow": Beta1Pow, "beta1": beta1}
+            return _in_chunks(adamax.forward, full, 3, **rest, beta2=beta2, epsilon=epsilon, xp=xp)
         dtype = Param.dtype
         moment = Moment * _scalar(beta1, dtype, xp) + Grad * _scalar(1.0 - beta1, dtype, xp)
         inf_norm = xp.maximum(InfNorm * _scalar(beta2, dtype, xp), xp.abs(Grad) + epsilon)

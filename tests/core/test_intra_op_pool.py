@@ -516,3 +516,158 @@ def test_large_row_wise_ops_split_by_rows_with_the_same_bits(
         for got, expected in zip(run(), want):
             np.testing.assert_array_equal(got, expected)
     assert any(splits)
+
+
+def _bits_whole_and_split(run, modules, threads, monkeypatch, counts=(1, 2)):
+    """run() with ROW_CHUNK_ELEMENTS too large to split anything (want), then as it is at each
+    thread count in `counts` (got): (want, [got per count], whether any call split)."""
+    with pytest.MonkeyPatch.context() as whole:
+        for module in modules:
+            whole.setattr(module, "ROW_CHUNK_ELEMENTS", 1 << 40)
+        want = run()
+    ctx, splits = nf.device_context(), []
+    parallel_for = ctx.parallel_for
+    monkeypatch.setattr(
+        ctx,
+        "parallel_for",
+        lambda n, body, grain=1: splits.append(grain < n) or parallel_for(n, body, grain),
+    )
+    got = []
+    for n in counts:
+        threads(n)
+        got.append(run())
+    return want, got, any(splits)
+
+
+_UPDATES = [
+    ("sgd", ("Param", "Grad"), {}),
+    ("momentum", ("Param", "Grad", "Velocity"), {}),
+    ("momentum", ("Param", "Grad", "Velocity"), {"use_nesterov": True}),
+    ("adam", ("Param", "Grad", "Moment1", "Moment2"), {}),
+    ("adamw", ("Param", "Grad", "Moment1", "Moment2"), {}),
+    ("adagrad", ("Param", "Grad", "Moment"), {}),
+    ("rmsprop", ("Param", "MeanSquare", "Grad", "Moment"), {}),
+    ("rmsprop", ("Param", "MeanSquare", "MeanGrad", "Grad", "Moment"), {"centered": True}),
+    ("adadelta", ("Param", "Grad", "AvgSquaredGrad", "AvgSquaredUpdate"), {}),
+    ("adamax", ("Param", "Grad", "Moment", "InfNorm"), {}),
+]
+
+
+@pytest.mark.parametrize("op_type,full,attrs", _UPDATES)
+def test_large_optimizer_updates_split_across_the_pool_with_the_same_bits(
+    op_type, full, attrs, threads, monkeypatch
+):
+    """The dense updates of parameters of 1M values and more run over chunks of their values
+    on the pool: every output equals the whole-array update bit for bit, at 1 and 2 threads,
+    the one-value states (beta powers) included."""
+    from nestflow.ops import optimizer
+
+    op = get_op_def(op_type)
+    rng = np.random.default_rng(0)
+    shape = (1024, 1100)
+    arrays = {name: rng.standard_normal(shape).astype("float32") for name in full}
+    for name in ("Moment2", "Moment", "MeanSquare", "AvgSquaredGrad", "AvgSquaredUpdate"):
+        if name in arrays:  # second moments are never negative
+            arrays[name] = np.abs(arrays[name])
+    if "InfNorm" in arrays:
+        arrays["InfNorm"] = np.abs(arrays["InfNorm"]) + 1
+    if "MeanGrad" in arrays:  # centered: MeanSquare - MeanGrad^2 stays positive
+        arrays["MeanGrad"] *= 0.1
+        arrays["MeanSquare"] += 1
+    inputs = {slot.name: None for slot in op.inputs}
+    inputs.update(arrays, LearningRate=np.array([0.01], "float32"))
+    for power in ("Beta1Pow", "Beta2Pow"):
+        if power in inputs:
+            inputs[power] = np.array([0.9 if power == "Beta1Pow" else 0.999], "float32")
+    kwargs = {**{n: s.default for n, s in op.attrs.items()}, **attrs}
+    kwargs.pop("lazy_mode", None)
+
+    def run():
+        out = op.forward(**inputs, **kwargs, xp=np)
+        return [np.asarray(a) for a in (out if isinstance(out, tuple) else (out,)) if a is not None]
+
+    want, got, split = _bits_whole_and_split(run, [optimizer], threads, monkeypatch)
+    assert split
+    for results in got:
+        assert len(results) == len(want)
+        for a, b in zip(results, want):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "shape,soft,ignored",
+    [((2048, 600), False, False), ((4, 512, 600), False, True), ((2048, 600), True, False)],
+)
+def test_large_softmax_cross_entropy_splits_by_rows_with_the_same_bits(
+    shape, soft, ignored, threads, monkeypatch
+):
+    """softmax_with_cross_entropy's forward and gradient over logits of 1M values and more
+    run over chunks of rows on the pool (hard labels, with ignored rows, and soft ones): the
+    softmax, loss and logits gradient equal the whole-array kernel's bit for bit."""
+    from nestflow.ops import loss as loss_ops
+
+    op = get_op_def("softmax_with_cross_entropy")
+    rng = np.random.default_rng(0)
+    logits = (3 * rng.standard_normal(shape)).astype("float32")
+    if soft:
+        label = rng.random(shape).astype("float32")
+        label /= label.sum(axis=-1, keepdims=True)
+    else:
+        label = rng.integers(0, shape[-1], shape[:-1] + (1,))
+        if ignored:
+            label[..., ::7, :] = -100
+    loss_grad = rng.standard_normal(shape[:-1] + (1,)).astype("float32")
+    attrs = {"soft_label": soft, "axis": -1, "ignore_index": -100}
+    device = nf.device_context()
+
+    def run():
+        softmax, loss = op.forward(logits, label, **attrs, device=device)
+        (grad,) = op.backward(logits, label, softmax, loss, None, loss_grad, **attrs, device=device)
+        return [softmax, loss, grad]
+
+    want, got, split = _bits_whole_and_split(run, [loss_ops], threads, monkeypatch)
+    assert split
+    for results in got:
+        for a, b in zip(results, want):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_bad_class_id_in_large_logits_names_its_place_in_the_whole_label(threads):
+    """Split by rows, a class id out of range is still reported at its place in the whole
+    Label (not in a chunk's)."""
+    threads(2)
+    op = get_op_def("softmax_with_cross_entropy")
+    logits = np.zeros((2048, 600), "float32")
+    label = np.zeros((2048, 1), "int64")
+    label[1500, 0] = 600
+    attrs = {"soft_label": False, "axis": -1, "ignore_index": -100}
+    with pytest.raises(nf.errors.ExecutionError, match=r"1500"):
+        op.forward(logits, label, **attrs, device=nf.device_context())
+
+
+def test_large_layer_norm_gradient_splits_by_rows(threads, monkeypatch):
+    """layer_norm's gradient over [4096, 300] runs over chunks of rows on the pool: the input
+    gradient equals the whole-array one bit for bit; the Scale and Bias gradients, sums of the
+    chunks' partial sums in chunk order, have the same bits at 1, 2 and 3 threads and agree
+    with the whole-array sums to float32 rounding."""
+    from nestflow.ops import norm
+
+    op = get_op_def("layer_norm")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4096, 300)).astype("float32")
+    dy = rng.standard_normal(x.shape).astype("float32")
+    scale = rng.standard_normal(300).astype("float32")
+    bias = rng.standard_normal(300).astype("float32")
+    attrs = {"epsilon": 1e-5, "begin_norm_axis": 1, "is_test": False, "use_mkldnn": False}
+    y, mean, var = op.forward(x, scale, bias, **attrs, xp=np)
+
+    def run():
+        return list(op.backward(x, scale, bias, y, mean, var, dy, None, None, **attrs, xp=np))
+
+    want, got, split = _bits_whole_and_split(run, [norm], threads, monkeypatch, (1, 2, 3))
+    assert split
+    for results in got:
+        np.testing.assert_array_equal(results[0], want[0])
+        for a, b, c in zip(results[1:], want[1:], got[0][1:]):
+            np.testing.assert_array_equal(a, c)
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)
