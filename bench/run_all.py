@@ -38,6 +38,7 @@ WORKLOADS = {
     "w17": ("w17_wgan_gp", "W17 WGAN-GP critic step (second-order gradients), 1 and 2 threads"),
     "w13": ("w13_resnet18", "W13 ResNet-18 (CIFAR form) train step, 1 and 2 threads"),
     "w14": ("w14_bn_pool", "W14 batch_norm + 2x2 max-pool fwd+bwd [32, 64, 56, 56], 1, 2 threads"),
+    "w19": ("w19_rows", "W19 cross-entropy, layer_norm and Adam on large tensors, 1, 2 threads"),
     "scaling": ("threads_scaling", "W1/W8/W10 train steps at 1 and 2 threads (issue 29)"),
     "import": ("import_time", "import time"),
 }

@@ -437,17 +437,18 @@ def _rows_and_width(shape: tuple[int, ...], axis: int) -> tuple[int, int]:
     return rows, width
 
 
-def _normalized_rows(x, Scale, Bias, epsilon: float, xp) -> tuple:
-    """layer_norm of the rows of x [rows, width]: (y, mean, variance), each row on its own (a
-    slice of the rows gives those rows' bits)."""
+def _normalized_rows(x, Scale, Bias, epsilon: float, xp, out=None) -> tuple:
+    """layer_norm of the rows of x [rows, width]: (y, written into `out` if given; mean,
+    variance), each row on its own (a slice of the rows gives those rows' bits). y's buffer
+    holds the centred rows on the way: no temporary as large as x but their squares."""
     mean = x.mean(axis=1)
-    centered = x - mean[:, None]
-    var = xp.mean(xp.square(centered), axis=1)
-    y = centered * (1.0 / xp.sqrt(var + x.dtype.type(epsilon)))[:, None]
+    y = xp.subtract(x, mean[:, None], out=out)
+    var = xp.mean(xp.square(y), axis=1)
+    y *= (1.0 / xp.sqrt(var + x.dtype.type(epsilon)))[:, None]
     if Scale is not None:
-        y = y * Scale
+        y *= Scale
     if Bias is not None:
-        y = y + Bias
+        y += Bias
     return y, mean, var
 
 
@@ -518,8 +519,9 @@ class layer_norm:
             mean, var = np.empty(rows, X.dtype), np.empty(rows, X.dtype)
 
             def part(start: int, stop: int) -> None:
-                y[start:stop], mean[start:stop], var[start:stop] = _normalized_rows(
-                    x[start:stop], Scale, Bias, epsilon, np
+                rows = slice(start, stop)
+                _, mean[rows], var[rows] = _normalized_rows(
+                    x[rows], Scale, Bias, epsilon, np, y[rows]
                 )
 
             grain = thread_grain(rows, width, ROW_CHUNK_ELEMENTS)
