@@ -465,59 +465,6 @@ def test_chunks_on_the_pool_keep_the_callers_numpy_error_state(threads):
             pooled_ufunc(np.divide)(x, y)
 
 
-@pytest.mark.parametrize(
-    "op_type,shape,attrs",
-    [
-        ("softmax", (8, 8, 128, 128), {"axis": -1}),
-        ("softmax", (64, 1000, 20), {"axis": 1}),
-        ("layer_norm", (64, 128, 128), {"begin_norm_axis": 2}),
-        ("layer_norm", (32, 64, 32, 32), {"begin_norm_axis": 1}),
-    ],
-)
-def test_large_row_wise_ops_split_by_rows_with_the_same_bits(
-    op_type, shape, attrs, threads, monkeypatch
-):
-    """softmax (forward and gradient, normalised along any axis but the first) and layer_norm's
-    forward compute each row on its own: split across the pool by rows, the bits equal the
-    whole-array computation's, at 1 and at 2 threads."""
-    import nestflow.core.device_context as dc
-    from nestflow.ops import activation, norm
-
-    op = get_op_def(op_type)
-    full = {**{n: s.default for n, s in op.attrs.items()}, **attrs}
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(shape).astype("float32")
-    g = rng.standard_normal(shape).astype("float32")
-
-    def run():
-        if op_type == "softmax":
-            out = op.forward(x, xp=np, **full)
-            return [out, op.backward(x, out, g, xp=np, **full)[0]]
-        width = int(np.prod(shape[attrs["begin_norm_axis"] :]))
-        scale, bias = rng.standard_normal(width).astype("float32"), np.zeros(width, "float32")
-        return list(op.forward(x, scale, bias, xp=np, **full))
-
-    rng = np.random.default_rng(1)
-    for module in (dc, activation, norm):
-        monkeypatch.setattr(module, "ROW_CHUNK_ELEMENTS", 1 << 40, raising=False)
-    want = run()
-    for module in (dc, activation, norm):
-        monkeypatch.setattr(module, "ROW_CHUNK_ELEMENTS", 1 << 19, raising=False)
-    ctx, splits = nf.device_context(), []
-    parallel_for = ctx.parallel_for
-    monkeypatch.setattr(
-        ctx,
-        "parallel_for",
-        lambda n, body, grain=1: splits.append(grain < n) or parallel_for(n, body, grain),
-    )
-    for n in (1, 2):
-        threads(n)
-        rng = np.random.default_rng(1)
-        for got, expected in zip(run(), want):
-            np.testing.assert_array_equal(got, expected)
-    assert any(splits)
-
-
 def _bits_whole_and_split(run, modules, threads, monkeypatch, counts=(1, 2)):
     """run() with ROW_CHUNK_ELEMENTS too large to split anything (want), then as it is at each
     thread count in `counts` (got): (want, [got per count], whether any call split)."""
@@ -537,6 +484,44 @@ def _bits_whole_and_split(run, modules, threads, monkeypatch, counts=(1, 2)):
         threads(n)
         got.append(run())
     return want, got, any(splits)
+
+
+@pytest.mark.parametrize(
+    "op_type,shape,attrs",
+    [
+        ("softmax", (8, 8, 128, 128), {"axis": -1}),
+        ("softmax", (64, 1000, 20), {"axis": 1}),
+        ("layer_norm", (64, 128, 128), {"begin_norm_axis": 2}),
+        ("layer_norm", (32, 64, 32, 32), {"begin_norm_axis": 1}),
+    ],
+)
+def test_large_row_wise_ops_split_by_rows_with_the_same_bits(
+    op_type, shape, attrs, threads, monkeypatch
+):
+    """softmax (forward and gradient, normalised along any axis but the first) and layer_norm's
+    forward compute each row on its own: split across the pool by rows, the bits equal the
+    whole-array computation's, at 1 and at 2 threads."""
+    from nestflow.ops import activation, norm
+
+    op = get_op_def(op_type)
+    full = {**{n: s.default for n, s in op.attrs.items()}, **attrs}
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype("float32")
+    g = rng.standard_normal(shape).astype("float32")
+
+    def run():
+        if op_type == "softmax":
+            out = op.forward(x, xp=np, **full)
+            return [out, op.backward(x, out, g, xp=np, **full)[0]]
+        width = int(np.prod(shape[attrs["begin_norm_axis"] :]))
+        scale = np.random.default_rng(1).standard_normal(width).astype("float32")
+        return list(op.forward(x, scale, np.zeros(width, "float32"), xp=np, **full))
+
+    want, got, split = _bits_whole_and_split(run, [activation, norm], threads, monkeypatch)
+    assert split
+    for results in got:
+        for a, b in zip(results, want):
+            np.testing.assert_array_equal(a, b)
 
 
 _UPDATES = [
