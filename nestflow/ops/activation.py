@@ -178,9 +178,10 @@ class tanh:
         return xp.asarray(-2 * ddX * Out_grad * Out), xp.asarray(ddX * (1 - Out * Out))
 
 
-def _rows_apart(X: np.ndarray, axis: int) -> bool:
-    """Whether softmax over `axis` of X splits into rows of its leading axis for the pool: a
-    large X whose leading axis is not the one normalised."""
+def rows_apart(X: np.ndarray, axis: int) -> bool:
+    """Whether a softmax over `axis` of X (softmax, softmax_with_cross_entropy) splits into
+    rows of its leading axis for the pool: a large X whose leading axis is not the one
+    normalised."""
     return X.ndim > 1 and axis % X.ndim != 0 and X.size >= 2 * ROW_CHUNK_ELEMENTS
 
 
@@ -210,14 +211,14 @@ class softmax:
         return _require_float(X, "softmax")
 
     def forward(X, axis, xp):
-        if xp is np and _rows_apart(X, axis):  # rows on the intra-op pool, each whole
+        if xp is np and rows_apart(X, axis):  # rows on the intra-op pool, each whole
             out = np.empty_like(X)
             return device_context().map_rows(functools.partial(_softmax, axis=axis), out, X)
         shifted = xp.exp(X - X.max(axis=axis, keepdims=True)) if X.size else X.copy()
         return shifted / shifted.sum(axis=axis, keepdims=True) if X.size else shifted
 
     def backward(X, Out, Out_grad, axis, xp):
-        if xp is np and _rows_apart(Out, axis):
+        if xp is np and rows_apart(Out, axis):
             grad = functools.partial(_softmax_grad, axis=axis)
             return (device_context().map_rows(grad, np.empty_like(Out), Out, Out_grad),)
         return (Out * (Out_grad - (Out_grad * Out).sum(axis=axis, keepdims=True)),)

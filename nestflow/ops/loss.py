@@ -12,6 +12,7 @@ import numpy as np
 from nestflow.core.device_context import ROW_CHUNK_ELEMENTS, thread_grain
 from nestflow.core.dtype import is_floating
 from nestflow.errors import AttrError, DTypeError, ShapeError
+from nestflow.ops.activation import rows_apart
 from nestflow.ops.registry import (
     Required,
     VarInfo,
@@ -246,14 +247,6 @@ extern "C" __global__ void swce_forward(
 """
 
 
-def _rows_on_pool(logits, axis: int, device) -> bool:
-    """Whether softmax_with_cross_entropy splits its rows (logits' leading axis, when that
-    is not the class axis) across the CPU's intra-op pool: large logits on the host."""
-    return (
-        device.xp is np and logits.ndim > 1 and axis != 0 and logits.size >= 2 * ROW_CHUNK_ELEMENTS
-    )
-
-
 def _row_grain(logits) -> int:
     return thread_grain(len(logits), logits[:1].size, ROW_CHUNK_ELEMENTS)
 
@@ -351,7 +344,7 @@ class softmax_with_cross_entropy:
 
     def forward(Logits, Label, soft_label, axis, ignore_index, device):
         axis %= Logits.ndim
-        if not _rows_on_pool(Logits, axis, device):
+        if not (device.xp is np and rows_apart(Logits, axis)):
             return _softmax_cross_entropy(Logits, Label, soft_label, axis, ignore_index, device)
         if not soft_label:  # a bad id is reported at its place in the whole Label
             _class_ids(Label, Logits, axis, ignore_index, device)
@@ -399,7 +392,7 @@ class softmax_with_cross_entropy:
     ):
         axis %= Logits.ndim
         args = (soft_label, axis, ignore_index, device)
-        if not _rows_on_pool(Logits, axis, device):
+        if not (device.xp is np and rows_apart(Logits, axis)):
             return (
                 _softmax_cross_entropy_grad(Logits, Label, Softmax, Softmax_grad, Loss_grad, *args),
             )

@@ -507,8 +507,9 @@ class rmsprop:
 
     def forward(Param, MeanSquare, MeanGrad, LearningRate, Grad, Moment, xp, **attrs):
         Grad = _dense(Grad)
-        full = {"Param": Param, "MeanSquare": MeanSquare, "Grad": Grad, "Moment": Moment}
-        if _splits(xp, *full.values(), *([] if MeanGrad is None else [MeanGrad])):
+        state = (MeanSquare, Grad, Moment) + (() if MeanGrad is None else (MeanGrad,))
+        if _splits(xp, Param, *state):
+            full = {"Param": Param, "MeanSquare": MeanSquare, "Grad": Grad, "Moment": Moment}
             scalars = {"LearningRate": LearningRate, "MeanGrad": MeanGrad}
             if MeanGrad is not None:  # sliced with the others
                 full["MeanGrad"] = scalars.pop("MeanGrad")

@@ -466,12 +466,9 @@ def test_chunks_on_the_pool_keep_the_callers_numpy_error_state(threads):
 
 
 def _bits_whole_and_split(run, modules, threads, monkeypatch, counts=(1, 2)):
-    """run() with ROW_CHUNK_ELEMENTS too large to split anything (want), then as it is at each
-    thread count in `counts` (got): (want, [got per count], whether any call split)."""
-    with pytest.MonkeyPatch.context() as whole:
-        for module in modules:
-            whole.setattr(module, "ROW_CHUNK_ELEMENTS", 1 << 40)
-        want = run()
+    """run() with ROW_CHUNK_ELEMENTS too large to split anything in `modules` (want: checked
+    to split nothing), then as it is at each thread count in `counts` (got): (want, [got per
+    count], whether any call split)."""
     ctx, splits = nf.device_context(), []
     parallel_for = ctx.parallel_for
     monkeypatch.setattr(
@@ -479,6 +476,11 @@ def _bits_whole_and_split(run, modules, threads, monkeypatch, counts=(1, 2)):
         "parallel_for",
         lambda n, body, grain=1: splits.append(grain < n) or parallel_for(n, body, grain),
     )
+    with pytest.MonkeyPatch.context() as whole:
+        for module in modules:
+            whole.setattr(module, "ROW_CHUNK_ELEMENTS", 1 << 40)
+        want = run()
+    assert not any(splits), "the whole-array run split"
     got = []
     for n in counts:
         threads(n)
@@ -589,6 +591,7 @@ def test_large_softmax_cross_entropy_splits_by_rows_with_the_same_bits(
     """softmax_with_cross_entropy's forward and gradient over logits of 1M values and more
     run over chunks of rows on the pool (hard labels, with ignored rows, and soft ones): the
     softmax, loss and logits gradient equal the whole-array kernel's bit for bit."""
+    from nestflow.ops import activation
     from nestflow.ops import loss as loss_ops
 
     op = get_op_def("softmax_with_cross_entropy")
@@ -610,7 +613,8 @@ def test_large_softmax_cross_entropy_splits_by_rows_with_the_same_bits(
         (grad,) = op.backward(logits, label, softmax, loss, None, loss_grad, **attrs, device=device)
         return [softmax, loss, grad]
 
-    want, got, split = _bits_whole_and_split(run, [loss_ops], threads, monkeypatch)
+    modules = [loss_ops, activation]
+    want, got, split = _bits_whole_and_split(run, modules, threads, monkeypatch)
     assert split
     for results in got:
         for a, b in zip(results, want):
