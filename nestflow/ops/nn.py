@@ -45,7 +45,7 @@ from nestflow.core.threads import get_num_threads
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import conv_cuda, winograd
 from nestflow.ops.activation import shared_zeros
-from nestflow.ops.gemm import matmul_nt, pooled_matmul
+from nestflow.ops.gemm import matmul_nt, matmul_nt_contiguous, pooled_matmul
 from nestflow.ops.layout import batch_last_into
 from nestflow.ops.registry import Required, VarInfo, bilinear_double, fail, register_op
 
@@ -777,13 +777,14 @@ def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=N
     if kernel == "pointwise":
         pixels = _per_image(_strided(x, geo), geo.groups)
         per_image = matmul_nt(_per_image(grad, geo.groups), pixels)
-        return per_image.sum(axis=0).reshape(w_shape)
+        # C-contiguous, as matmul_nt_contiguous's docstring says why
+        return array_module(x).ascontiguousarray(per_image.sum(axis=0)).reshape(w_shape)
     k_hw = tuple(w_shape[2:])
     cols = _reused(kept, (k_hw, geo))
     if cols is None:
         cols = _columns(x, k_hw, geo, grad.shape[2:])
     grad_g = _grouped_grad(grad, geo) if grad_g is None else grad_g
-    return matmul_nt(grad_g, cols).reshape(w_shape)
+    return matmul_nt_contiguous(grad_g, cols).reshape(w_shape)
 
 
 # ---- conv2d and depthwise_conv2d ----

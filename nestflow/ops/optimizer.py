@@ -103,11 +103,15 @@ def _one_float(*arrays) -> bool:
 
 def _splits(xp, Param, *state) -> bool:
     """Whether a dense update runs over chunks of its values on the CPU's intra-op pool:
-    host arrays (`state`: Grad and the moments) of Param's shape, at least two chunks' worth."""
+    C-contiguous host arrays (`state`: Grad and the moments) of Param's shape, at least two
+    chunks' worth (flattening any other would copy it)."""
     return (
         xp is np
         and Param.size >= 2 * ROW_CHUNK_ELEMENTS
-        and all(type(a) is np.ndarray and a.shape == Param.shape for a in state)
+        and all(
+            type(a) is np.ndarray and a.shape == Param.shape and a.flags.c_contiguous
+            for a in (Param, *state)
+        )
     )
 
 
@@ -120,7 +124,12 @@ def _in_chunks(forward, full: dict, outs: int, out=None, **rest):
     param = full["Param"]
     flat = {name: a.reshape(-1) for name, a in full.items()}
     results = [np.empty(param.size, param.dtype) for _ in range(outs)]
-    if out is not None and out.shape == param.shape and out.dtype == param.dtype:
+    if (
+        out is not None
+        and out.shape == param.shape
+        and out.dtype == param.dtype
+        and out.flags.c_contiguous
+    ):
         results[0] = out.reshape(-1)
 
     def part(start: int, stop: int) -> tuple:

@@ -581,6 +581,29 @@ def test_large_optimizer_updates_split_across_the_pool_with_the_same_bits(
             np.testing.assert_array_equal(a, b)
 
 
+def test_a_large_update_of_a_transposed_gradient_runs_whole(threads, monkeypatch):
+    """A gradient laid out transposed (and the executor's buffer lent as ParamOut with it) is
+    not flattened into chunks, which would copy it across its rows: the update runs whole, into
+    the lent buffer, with sgd's values."""
+    op = get_op_def("sgd")
+    rng = np.random.default_rng(0)
+    param = rng.standard_normal((1024, 1100)).astype("float32")
+    grad = np.ascontiguousarray(rng.standard_normal((1100, 1024)).astype("float32")).T
+    lent = np.empty_like(grad)
+    lr = np.array([0.01], "float32")
+    threads(2)
+    ctx, calls = nf.device_context(), []
+    parallel_for = ctx.parallel_for
+    monkeypatch.setattr(
+        ctx,
+        "parallel_for",
+        lambda n, body, grain=1: calls.append(n) or parallel_for(n, body, grain),
+    )
+    got = op.forward(param, grad, lr, xp=np, out=lent)
+    assert not calls and got is lent
+    np.testing.assert_array_equal(got, param - grad * np.float32(0.01))
+
+
 @pytest.mark.parametrize(
     "shape,soft,ignored",
     [((2048, 600), False, False), ((4, 512, 600), False, True), ((2048, 600), True, False)],

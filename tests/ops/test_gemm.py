@@ -77,6 +77,25 @@ def test_matmul_nt_equals_one_product(a_shape, b_shape, kernels, monkeypatch):
     np.testing.assert_allclose(matmul_nt(a, b), a @ np.swapaxes(b, -1, -2), rtol=1e-12, atol=1e-11)
 
 
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [((5, 7), (3, 7)), ((3, 7), (5, 7)), ((2, 20, 300), (2, 16, 300)), ((2, 16, 30), (2, 20, 30))]
+    + [((4, 0), (6, 0)), ((0, 5), (3, 5)), ((1, 1), (1, 1))],
+)
+@pytest.mark.parametrize("copy_max", [gemm.TRANSPOSED_COPY_MAX, 0])
+def test_matmul_nt_contiguous_is_the_product_laid_out_by_rows(
+    a_shape, b_shape, copy_max, monkeypatch
+):
+    """Copied out of the transposed product, or (above TRANSPOSED_COPY_MAX outputs) computed in
+    its own orientation: either way a C-contiguous array equal to the product."""
+    monkeypatch.setattr(gemm, "TRANSPOSED_COPY_MAX", copy_max)
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    got = gemm.matmul_nt_contiguous(a, b)
+    assert got.flags.c_contiguous
+    np.testing.assert_allclose(got, a @ np.swapaxes(b, -1, -2), rtol=1e-12, atol=1e-11)
+
+
 def test_long_axes_are_summed_in_pieces_except_with_openblas_avx512_kernels(monkeypatch):
     calls = []
     monkeypatch.setattr(gemm.np, "matmul", lambda *a, **k: calls.append(1) or np.dot(*a, **k))
