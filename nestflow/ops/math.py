@@ -497,13 +497,20 @@ class matmul:
         if alpha != 1.0:
             g = g * xp.asarray(alpha, g.dtype)
         dx = dy = None
+        # A transposed operand's gradient is computed in its own layout (yt @ g^T, not the
+        # transpose of g @ yt^T): a transposed view would reach the optimizer, whose
+        # elementwise update beside the C-contiguous parameter reads it across its rows.
         if needs[0]:
-            dxt = xp.matmul(g, xp.swapaxes(yt, -1, -2))
-            dx = xp.swapaxes(dxt, -1, -2) if transpose_X else dxt
+            if transpose_X:
+                dx = xp.matmul(yt, xp.swapaxes(g, -1, -2))
+            else:
+                dx = xp.matmul(g, xp.swapaxes(yt, -1, -2))
             dx = unbroadcast(dx, x.shape).reshape(X.shape)
         if needs[1]:
-            dyt = xp.matmul(xp.swapaxes(xt, -1, -2), g)
-            dy = xp.swapaxes(dyt, -1, -2) if transpose_Y else dyt
+            if transpose_Y:
+                dy = xp.matmul(xp.swapaxes(g, -1, -2), xt)
+            else:
+                dy = xp.matmul(xp.swapaxes(xt, -1, -2), g)
             dy = unbroadcast(dy, y.shape).reshape(Y.shape)
         return dx, dy
 
