@@ -282,3 +282,20 @@ def test_matmul_transposed_vector_inner_dims_must_agree():
     y = nf.data("y", [5, 4], "float32")
     with pytest.raises(ShapeError, match=r"inner dims differ: X \[4\] \(k=1\) and Y \[5, 4\]"):
         nf.layers.matmul(x, y, transpose_x=True, transpose_y=True)
+
+
+@pytest.mark.parametrize("tx,ty", [(False, False), (True, False), (False, True), (True, True)])
+def test_matmul_gradients_are_laid_out_as_their_operands(tx, ty):
+    """A transposed operand's gradient is computed in its own layout, not left as a transposed
+    view (which the optimizer would then read across its rows beside the parameter)."""
+    from nestflow.ops.registry import get_op_def
+
+    op = get_op_def("matmul")
+    x = rng.standard_normal((6, 4) if tx else (4, 6))
+    y = rng.standard_normal((5, 6) if ty else (6, 5))
+    g = rng.standard_normal((4, 5))
+    dx, dy = op.backward(x, y, None, g, tx, ty, 1.0, xp=np)
+    xt, yt = (x.T if tx else x), (y.T if ty else y)
+    assert dx.flags.c_contiguous and dy.flags.c_contiguous
+    np.testing.assert_allclose(dx, (g @ yt.T).T if tx else g @ yt.T, rtol=1e-12)
+    np.testing.assert_allclose(dy, (xt.T @ g).T if ty else xt.T @ g, rtol=1e-12)
