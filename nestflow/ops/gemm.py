@@ -1,27 +1,27 @@
 """Matrix products laid out for OpenBLAS's single-threaded sgemm, whose speed on some shapes
-depends on more than the arithmetic. Measured on the benchmarks' shapes (one BLAS thread, the
-project's 2-vCPU AMD EPYC machine, OpenBLAS 0.3.31's Haswell kernels):
+depends on more than the arithmetic:
 
-- a product whose output has few rows runs up to 2.5x slower than its transpose;
-- a weight gradient X^T @ dOut summed over many rows has two speeds in one process. Until the
-  process has run some large GEMM, one call over 1,024 rows ([1024, 128]^T @ [1024, 128])
-  took 2.3 ms and the same sum in pieces of 128 rows 1.1 ms; after one (a float32 512x512
-  product, say), one call took 0.97 ms and the pieces 1.07 ms. The pieces are kept: 2x where
-  the slow state holds (a process of small and medium products, such as an RNN's), 10% where
-  it does not.
+- a product whose output has few rows runs up to 2.5x slower than its transpose (matmul_nt
+  computes the wider orientation);
+- under OpenBLAS's AVX-512 kernels a skinny product runs fastest in blocks that fit its small
+  kernel (in_small_products);
+- products are split across the intra-op pool by output rows or stack entries
+  (pooled_matmul), never by their summed axis.
 
-Summing in pieces changes the order of the additions, not the result's accuracy; the order is
-fixed by the shapes (and, for matmul_nt, by the BLAS kernels), so results stay deterministic.
+Until 2026-11-28 the weight gradients X^T @ dOut (matmul_tn) and the long sums of matmul_nt
+were summed over pieces of their summed axis (128 rows; 512 terms under the non-AVX-512
+kernels), measured then as up to 2x faster in a process that had run no large GEMM. With NumPy
+2.4 and OpenBLAS 0.3.31 that state no longer showed, and one call won on every shape measured
+(the 2-vCPU EPYC, one BLAS thread unless said, ms, pieces against one call): [1024, 128]^T @
+[1024, 128] in a fresh process 0.306 / 0.278 (Haswell kernels), 0.185 / 0.163 (SkylakeX);
+[2048, 256]^T @ [2048, 1024] 5.41 / 5.04 and at 2 BLAS threads 4.30 / 2.62 (a piece is too
+small to thread); W9's Winograd filter gradient [36, 64, 1568] x [36, 64, 1568]^T 3.36 / 2.41
+(Haswell). Train steps with one call instead: W15 (Transformer) 54.6 -> 52.8 ms at 1 thread and
+43.5 -> 40.4 at 2, W3 1.32 -> 1.28, W10 6.77 -> 6.70 (SkylakeX; Haswell alike). So matmul_tn is
+one call, and matmul_tn_blocks stacks a loop's blocks into pieces only to keep each stack in
+cache.
 
-On a 2-vCPU AMD EPYC with AVX-512, where OpenBLAS runs its SkylakeX kernels, the same questions
-had other answers: one call beat matmul_nt's pieces on every conv shape of W8 and W9 (W9's
-Winograd filter gradient, [36, 64, 1568] x [36, 64, 1568]^T: 7.7 ms against 8.5 ms; LeNet's
-[16, 4096] x [150, 4096]^T: 0.29 against 0.32 ms), while matmul_tn's pieces still won inside
-an RNN's train step (W3: 2.8 ms a step against 3.5 ms with one call). So matmul_nt sums long
-axes in pieces only where OpenBLAS's kernels are not the AVX-512 ones (`long_axes_in_pieces`).
-
-The functions take arrays of any place (`array_module`); the pieces are OpenBLAS's concern, so
-device arrays (cuBLAS) get one product.
+The functions take arrays of any place (`array_module`); device arrays (cuBLAS) get one product.
 """
 
 from __future__ import annotations
@@ -33,24 +33,15 @@ import numpy as np
 
 from nestflow.core.device_context import array_module, chunk_grain, device_context
 
-# Rows of X and dOut per BLAS call in matmul_tn: of 64, 128 and 256, 128 was fastest on every
-# weight-gradient shape measured (outputs 64x128 to 784x256, 256 to 4,096 rows).
+# Rows a loop's blocks are stacked into before each BLAS call in matmul_tn_blocks (each stack
+# made just before its call, while it is in cache; a stack of every step would copy them all).
 TN_PIECE_ROWS = 128
-
-# The longest summed axis one BLAS call gets in matmul_nt (tuned on the conv benchmarks W8, W9).
-NT_PIECE = 512
 
 
 def matmul_tn(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     """x [K, M] transposed times g [K, N]: [M, N], the weight gradient of a product x @ W
-    (K: the rows of a batch). Summed over pieces of TN_PIECE_ROWS rows when K is long (2-D
-    arrays; anything else is one matmul)."""
-    xp = array_module(x, g)
-    rows = x.shape[0]
-    if rows < 2 * TN_PIECE_ROWS or x.ndim != 2 or g.ndim != 2 or xp is not np:
-        return xp.matmul(x.T, g)
-    pieces = range(0, rows, TN_PIECE_ROWS)
-    return _summed((x[i : i + TN_PIECE_ROWS], g[i : i + TN_PIECE_ROWS]) for i in pieces)
+    (K: the rows of a batch), in one BLAS call (see the module docstring)."""
+    return array_module(x, g).matmul(x.T, g)
 
 
 def matmul_tn_blocks(xs: Sequence[np.ndarray], gs: Sequence[np.ndarray]) -> np.ndarray:
@@ -92,17 +83,17 @@ _AVX512_KERNELS = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
 _blas_kernels: list[str] = []
 
 
-def long_axes_in_pieces() -> bool:
-    """Whether matmul_nt sums a long axis in pieces: not where OpenBLAS runs its AVX-512
-    kernels (see the module docstring). Asked of threadpoolctl once per process."""
+def avx512_kernels() -> bool:
+    """Whether NumPy's OpenBLAS runs its AVX-512 kernels (where in_small_products splits skinny
+    products for its small-product kernel). Asked of threadpoolctl once per process."""
     if not _blas_kernels:
         _blas_kernels.append(_numpy_openblas_kernels())
-    return _blas_kernels[0] not in _AVX512_KERNELS
+    return _blas_kernels[0] in _AVX512_KERNELS
 
 
 def _numpy_openblas_kernels() -> str:
     """The kernel family of the OpenBLAS NumPy calls, lower case ("" when NumPy's BLAS is
-    another library, or threadpoolctl cannot tell: then the pieces, as before)."""
+    another library, or threadpoolctl cannot tell)."""
     import warnings
 
     try:
@@ -155,7 +146,7 @@ def in_small_products(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     m, k = a.shape
     n = b.shape[1]
     float32 = a.dtype == b.dtype == np.float32  # (the blocks were measured on sgemm only)
-    if not float32 or m * n * k <= SMALL_PRODUCT or long_axes_in_pieces():
+    if not float32 or m * n * k <= SMALL_PRODUCT or not avx512_kernels():
         return np.matmul(a, b)
     if block := _small_block(m * k, min(m, k)):  # wide: blocks of columns
         out = np.empty((m, n), np.result_type(a, b))
@@ -251,22 +242,12 @@ def pooled_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def matmul_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a [..., M, K] times b [..., N, K] transposed: [..., M, N] (a transposed view when
-    M < N, so the larger of M, N becomes the rows). A long K into a small output (a filter
-    gradient's 64x64 summed over 25,088 pixels) is summed in pieces of at most NT_PIECE where
-    `long_axes_in_pieces()` (not under OpenBLAS's AVX-512 kernels, nor for device arrays)."""
+    M < N, so the larger of M, N becomes the rows), one product split as pooled_matmul splits
+    it."""
     xp = array_module(a, b)
     if a.shape[-2] < b.shape[-2]:
         return xp.swapaxes(matmul_nt(b, a), -1, -2)
-    k = a.shape[-1]
-    # only a long K into a small output; with N < 16 the calls' overhead outweighs the gain
-    chunked = b.shape[-2] >= 16 and k > 4 * a.shape[-2] and xp is np and long_axes_in_pieces()
-    pieces = max(1, -(-k // NT_PIECE)) if chunked else 1
-    size = max(1, -(-k // pieces))
-    total = pooled_matmul(a[..., :size], xp.swapaxes(b[..., :size], -1, -2))
-    for start in range(size, k, size):
-        part = slice(start, start + size)
-        total += pooled_matmul(a[..., part], xp.swapaxes(b[..., part], -1, -2))
-    return total
+    return pooled_matmul(a, xp.swapaxes(b, -1, -2))
 
 
 # The largest output matmul_nt_contiguous copies out of matmul_nt's transposed product; a larger
