@@ -777,7 +777,7 @@ def _conv_filter_grad(x: np.ndarray, grad, w_shape, geo: _ConvGeometry, grad_g=N
     if kernel == "pointwise":
         pixels = _per_image(_strided(x, geo), geo.groups)
         per_image = matmul_nt(_per_image(grad, geo.groups), pixels)
-        # C-contiguous, as matmul_nt_contiguous's docstring says why
+        # C-contiguous: matmul_nt_contiguous's docstring says why
         return array_module(x).ascontiguousarray(per_image.sum(axis=0)).reshape(w_shape)
     k_hw = tuple(w_shape[2:])
     cols = _reused(kept, (k_hw, geo))
