@@ -105,7 +105,9 @@ def test_products_sum_their_long_axes_in_one_call(monkeypatch):
         calls.clear()
         np.testing.assert_array_equal(matmul_nt(a, b), np.full((64, 64), 2048.0))
         assert len(calls) == 1
+    calls.clear()
     np.testing.assert_array_equal(matmul_tn(a.T, b.T), np.full((64, 64), 2048.0))
+    assert len(calls) == 1
 
 
 def test_the_blas_kernels_are_asked_once(monkeypatch):
