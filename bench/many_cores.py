@@ -4,11 +4,13 @@ settings, each variant in a process of its own (OpenBLAS reads its settings when
 nestflow alone, no PyTorch: `make gpu-check` has PyTorch's figures at the same counts.
 
 The variants ask why a 16-core host ran nestflow slower at 16 threads than at 8 (the third
-H200 run in bench/gpu_runs): too many chunks per kernel ("8 chunks": the chunk counts of 8
-threads on a pool of the budget's threads), OpenBLAS's idle workers spinning beside the pool's
-("BLAS sleeps": OPENBLAS_THREAD_TIMEOUT=4, which puts them to sleep at once; "BLAS 1 thread":
-products outside the pool single-threaded too), or the pinning ("unpinned": NF_PIN_THREADS=0).
-"as is" runs first and last: their gap is the run's noise.
+H200 run in bench/gpu_runs, when a kernel split in a chunk per thread past its cap): "a chunk
+per thread" (the chunk counts follow the whole budget, not at most MAX_CHUNKS), OpenBLAS's
+idle workers spinning beside the pool's ("BLAS sleeps": OPENBLAS_THREAD_TIMEOUT=4, which puts
+them to sleep at once; "BLAS 1 thread": products outside the pool single-threaded too), or
+the pinning ("unpinned": NF_PIN_THREADS=0). "as is" runs first and last: their gap is the
+run's noise. (bench/gpu_runs/2026-11-28-h200-many-cores.md ran the script's first version,
+whose "as is" had a chunk per thread and "8 chunks" what the pool does now.)
 
     PYTHONPATH=.:bench python3 bench/many_cores.py --threads 8,12,16 --report many_cores.md
 """
@@ -28,11 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 VARIANTS = {
     "as is": {},
-    "8 chunks": {"NF_DIAG_CHUNK_THREADS": "8"},
+    "a chunk per thread": {"NF_DIAG_CHUNK_PER_THREAD": "1"},
     "BLAS sleeps": {"OPENBLAS_THREAD_TIMEOUT": "4"},
     "BLAS 1 thread": {"NF_DIAG_BLAS_ONE": "1"},
     "unpinned": {"NF_PIN_THREADS": "0"},
-    "8 chunks, BLAS sleeps": {"NF_DIAG_CHUNK_THREADS": "8", "OPENBLAS_THREAD_TIMEOUT": "4"},
     "as is, again": {},
 }
 # (warm-up steps, timed steps) per workload
@@ -62,18 +63,24 @@ def main() -> int:
     lines = [f"load average at the start: {os.getloadavg()}; {os.cpu_count()} CPUs"]
     for name, extra in VARIANTS.items():
         env = dict(os.environ, **extra)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "bench"),
-                                                          os.environ.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(ROOT), str(ROOT / "bench"), os.environ.get("PYTHONPATH")])
+        )
         started = time.perf_counter()
         try:
             done = subprocess.run(
                 [sys.executable, __file__, "--child", "--threads", args.threads],
-                env=env, capture_output=True, text=True, timeout=args.child_timeout_s,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=args.child_timeout_s,
             )
             results[name] = json.loads(done.stdout.strip().splitlines()[-1])
             lines.append(f"{name}: {time.perf_counter() - started:.0f} s")
         except (subprocess.TimeoutExpired, IndexError, json.JSONDecodeError) as exc:
-            lines.append(f"{name}: FAILED {type(exc).__name__} {getattr(done, 'stderr', '')[-500:]}")
+            lines.append(
+                f"{name}: FAILED {type(exc).__name__} {getattr(done, 'stderr', '')[-500:]}"
+            )
         print(lines[-1], file=sys.stderr, flush=True)
     lines.append(f"load average at the end: {os.getloadavg()}")
     table = ["", "ms per step (empty region: us), median", ""]
@@ -82,8 +89,11 @@ def main() -> int:
     for workload in STEPS:
         for n in counts:
             cells = [results[v].get(f"{workload}@{n}") for v in results]
-            table.append(f"| {workload} | {n} | " + " | ".join(
-                "–" if c is None else f"{c:.3f}" for c in cells) + " |")
+            table.append(
+                f"| {workload} | {n} | "
+                + " | ".join("–" if c is None else f"{c:.3f}" for c in cells)
+                + " |"
+            )
     text = "# many_cores\n\n" + "\n".join(lines + table) + "\n"
     Path(args.report).write_text(text)
     print(text)
@@ -93,19 +103,13 @@ def main() -> int:
 def measure(counts: list[int]) -> dict[str, float]:
     import importlib
 
-    import nestflow as nf
     import numpy as np
-    from nestflow.ops import nn
 
-    dc = importlib.import_module("nestflow.core.device_context")
+    import nestflow as nf
 
-    cap = int(os.environ.get("NF_DIAG_CHUNK_THREADS", "0"))
-    if cap:  # the chunk counts of `cap` threads on a pool of the budget's threads
-        def capped() -> int:
-            return min(cap, dc.device_context().num_threads)
-
-        dc._cpu_threads = capped
-        nn.get_num_threads = capped
+    if os.environ.get("NF_DIAG_CHUNK_PER_THREAD"):  # chunk counts follow the whole budget
+        dc = importlib.import_module("nestflow.core.device_context")
+        dc._chunk_threads = lambda: dc.device_context().num_threads
     builders = workloads(nf, np)
     times: dict[str, float] = {}
     for n in counts:

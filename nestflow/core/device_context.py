@@ -228,6 +228,7 @@ def default_num_threads() -> int:
     return max(1, min(cores, asked) if asked > 0 else cores)
 
 
+# The most chunks a kernel splits into, whatever the thread count (_chunk_threads says why).
 MAX_CHUNKS = 8
 # An elementwise kernel (map_rows) splits its output in chunks of at least this many elements.
 # On the 2-vCPU EPYC at 2 threads relu over 2M float32 took 0.39 ms split against 0.64 whole,
@@ -239,20 +240,18 @@ def chunk_grain(
     n: int, item_cost: int, min_cost: int, max_chunks: int = MAX_CHUNKS, limit: int | None = None
 ) -> int:
     """Items per chunk for parallel_for over n items of item_cost each: chunks of at least
-    min_cost, at most max_chunks of them, or at most as many as the CPU's intra-op threads
-    where those are more; n (one chunk: the calling thread) for small work. Up to max_chunks
-    threads it depends on the shapes only (the same chunks, the same bits at 1 or at
-    max_chunks threads); past that, a kernel splits in as many chunks as threads, so that 16
-    cores run 16 chunks (at most max_chunks of them stopped the convolutions at 4x on a
-    16-core host), and a per-chunk partial sum may differ in its last bits. `limit`: at most
-    that many chunks whatever the threads (a kernel's own bound, from its shapes).
+    min_cost, at most max_chunks of them, or up to MAX_CHUNKS where the budget has more
+    threads than max_chunks (_chunk_threads); n (one chunk: the calling thread) for small
+    work. A kernel that sums over its chunks passes max_chunks=MAX_CHUNKS, so its chunks (and
+    its bits) depend on the shapes only, at any thread count. `limit`: at most that many chunks
+    whatever the threads (a kernel's own bound, from its shapes).
 
     >>> chunk_grain(32, 200_000, 1 << 17, limit=4), chunk_grain(32, 10, 1 << 17)
     (8, 32)
     """
     chunks = min(n, n * item_cost // max(1, min_cost))
     if chunks > max_chunks:  # (the thread count is looked up only where it can matter)
-        chunks = min(chunks, max(max_chunks, _cpu_threads()))
+        chunks = min(chunks, max(max_chunks, _chunk_threads()))
     if limit is not None:
         chunks = min(chunks, limit)
     return n if chunks < 2 else -(-n // chunks)
@@ -283,7 +282,7 @@ def thread_grain(n: int, item_cost: int, min_cost: int) -> int:
     >>> nf.set_num_threads(2); thread_grain(32, 1 << 15, 1 << 17), thread_grain(32, 10, 1 << 17)
     (16, 32)
     """
-    threads = _cpu_threads()
+    threads = _chunk_threads()
     total = n * item_cost
     chunks = max(threads, round(total / CACHE_CHUNK_ELEMENTS))
     chunks = min(n, -(-chunks // threads) * threads, total // max(1, min_cost))
@@ -326,8 +325,17 @@ def pooled_ufunc(ufunc: np.ufunc) -> Callable[..., np.ndarray]:
     return pooled
 
 
-def _cpu_threads() -> int:
-    return device_context().num_threads
+def _chunk_threads() -> int:
+    """The threads the pool's chunk counts follow: the budget's, up to MAX_CHUNKS.
+
+    Why not every core: a chunk's NumPy calls each let go of the GIL and take it back, so
+    more chunks mean more threads waiting on each other. On a 16-core host (the H200
+    machine's Xeon, one thread per core; bench/many_cores.py) W9's 3x3 conv took 18.3 ms at 8
+    threads, 27.1 at 12 and 37.6 at 16 with a chunk per thread, and 17.1 at 12 and 18.4 at 16
+    with at most 8 chunks; W9 1x1 4.1 / 4.2 ms at 12 / 16 against 3.3 / 3.3; W1, W8, W13 and
+    W14 no slower with at most 8 (their spread between two runs of the same variant was
+    larger than the gap). BLAS outside the pool still takes the whole budget."""
+    return min(device_context().num_threads, MAX_CHUNKS)
 
 
 _BLAS: list = []  # threadpoolctl's controllers of the BLAS libraries, found on first use
@@ -414,9 +422,9 @@ class CPUDeviceContext(DeviceContext):
     def parallel_for(self, n: int, body: Callable[[int, int], Any], grain: int = 1) -> list:
         """body(start, stop) over range(n) in chunks of `grain` items (the last one shorter):
         the list of its results in chunk order. The chunks depend on n and grain only (and a
-        grain from chunk_grain on the thread count only past its cap), so a kernel that
-        combines per-chunk results in order gets the same bits whatever nf.set_num_threads says
-        up to that cap. Chunks on the pool's threads run in a copy of the caller's context
+        grain from chunk_grain with max_chunks=MAX_CHUNKS on the shapes only), so a kernel that
+        combines per-chunk results in order gets the same bits whatever nf.set_num_threads
+        says. Chunks on the pool's threads run in a copy of the caller's context
         (np.errstate holds there). With one chunk, one thread, inside another
         parallel_for, or while another thread runs one, the chunks run on the calling thread;
         otherwise on the pool (the calling thread included). Either way NumPy's BLAS runs at

@@ -21,8 +21,8 @@ __all__ = ["get_num_threads", "set_num_threads", "threads_summary"]
 def set_num_threads(n: int) -> None:
     """Give nestflow's intra-op pool `n` threads and limit the BLAS and OpenMP thread pools of
     the libraries loaded so far (NumPy's BLAS is loaded by `import nestflow`) to `n`, for the
-    rest of the process. Results do not depend on `n` up to 4; past that, sums over a
-    kernel's chunks may differ in the last bits (docs/performance.md). n < 1 or not an int ->
+    rest of the process. The pool's kernels give the same bits at any `n`; large matrix
+    products in threaded BLAS may not (docs/performance.md). n < 1 or not an int ->
     AttrError.
 
     >>> import nestflow as nf

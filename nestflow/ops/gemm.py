@@ -201,9 +201,9 @@ def _product_shape(a_shape: tuple, b_shape: tuple) -> tuple:
 def pooled_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b split across the CPU's intra-op pool: a stack of products by its leading axis
     (each product whole: the same bits as one call), a single one by its larger output axis
-    into blocks of rows or columns. Up to 4 threads the split depends on the shapes alone
-    (past that, one block per thread); either way no element is summed across blocks, so the
-    bits do not depend on the thread count; inside a pool task (a conv already split by its batch)
+    into blocks of rows or columns (up to POOLED_MAX_CHUNKS of them, or up to MAX_CHUNKS
+    where the budget has more threads); no element is summed across blocks, so the bits do
+    not depend on the thread count; inside a pool task (a conv already split by its batch)
     the chunks run on the calling thread. Small products and device arrays get one call.
     The products a conv runs on a handful of images (ResNet's 4x4 and 8x8 layers, a batch
     too small to split) are where this gives the pool work."""

@@ -41,7 +41,6 @@ from nestflow.core.device_context import (
 )
 from nestflow.core.dtype import in_float32, is_floating, is_low_precision, rounded_to
 from nestflow.core.place import place_of
-from nestflow.core.threads import get_num_threads
 from nestflow.errors import AttrError, DTypeError, ShapeError
 from nestflow.ops import conv_cuda, winograd
 from nestflow.ops.activation import shared_zeros
@@ -625,9 +624,9 @@ def _conv(
 # multiply-adds (about 0.3 ms of single-threaded GEMM: the pool's ~50 us per call stays small
 # beside it) and _CONV_CHUNK_PIXELS output pixels (narrower GEMMs run slower, and Winograd needs
 # enough 4x4 blocks per chunk): at most _CONV_FEW_CHUNKS of them, up to _CONV_MAX_CHUNKS where
-# each keeps _CONV_WIDE_CHUNK_PIXELS, and past _CONV_MAX_CHUNKS threads one per thread
-# (chunk_grain). Up to _CONV_MAX_CHUNKS threads the chunks depend on the shapes only, so the
-# filter gradient's sum over chunks has the same bits whatever the thread count.
+# each keeps _CONV_WIDE_CHUNK_PIXELS, never more (device_context._chunk_threads says why). The
+# chunks depend on the shapes only, so the filter gradient's sum over chunks has the same bits
+# whatever the thread count.
 #
 # Why more chunks where they stay wide: two threads each running a Winograd chunk of 8 of W9's
 # images ([8, 64, 28, 28]; its tiles, transforms and products 3.6 MB each) slow each other by
@@ -652,8 +651,6 @@ def _conv_grain(w_shape, out_hw, batch: int) -> int:
     narrow = batch * pixels // _CONV_CHUNK_PIXELS
     wide = batch * pixels // _CONV_WIDE_CHUNK_PIXELS
     limit = max(min(narrow, _CONV_FEW_CHUNKS), wide)
-    if get_num_threads() > _CONV_MAX_CHUNKS:
-        limit = narrow
     return chunk_grain(batch, cost, _CONV_CHUNK_WORK, _CONV_MAX_CHUNKS, limit)
 
 
