@@ -270,9 +270,17 @@ def test_tiled_max_pool_gradient_equals_the_general_one():
 
 
 @pytest.mark.parametrize(
-    "layout,shape", [("NCHW", (6, 10, 5, 7)), ("NHWC", (6, 5, 7, 10)), ("NCHW", (40, 10))]
+    "layout,shape",
+    [
+        ("NCHW", (6, 10, 5, 7)),  # few pixels: the images summed first
+        ("NCHW", (6, 10, 9, 8)),  # vecdot over each channel's pixels
+        ("NHWC", (6, 5, 7, 10)),
+        ("NCHW", (40, 10)),
+    ],
 )
 def test_chunked_batch_norm_equals_the_plain_kernel(layout, shape, threads, monkeypatch):
+    """batch_norm split by channels across the pool gives the plain kernel's bits, forward and
+    gradient, whichever way its per-channel sums run."""
     from nestflow.ops import norm
 
     monkeypatch.setattr(norm, "_NORM_CHUNK_ELEMENTS", 1)
