@@ -336,7 +336,8 @@ def _torch_grads(torch, make_y, arrays, dy):
     "shape, layout, training, momentum",
     [
         ((8, 5), "NCHW", True, 0.9),
-        ((4, 3, 5, 6), "NCHW", True, 0.9),
+        ((4, 3, 5, 6), "NCHW", True, 0.9),  # fewer than 64 pixels: the images summed first
+        ((3, 4, 9, 8), "NCHW", True, 0.9),  # 64 or more: vecdot over each channel's pixels
         ((1, 4, 3, 3), "NCHW", True, 0.7),
         ((3, 2, 4, 3, 2), "NCHW", True, 0.9),
         ((4, 5, 6, 3), "NHWC", True, 0.9),
