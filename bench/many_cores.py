@@ -66,7 +66,7 @@ def main() -> int:
         env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(ROOT), str(ROOT / "bench"), os.environ.get("PYTHONPATH")])
         )
-        started = time.perf_counter()
+        started, stderr = time.perf_counter(), ""
         try:
             done = subprocess.run(
                 [sys.executable, __file__, "--child", "--threads", args.threads],
@@ -75,12 +75,13 @@ def main() -> int:
                 text=True,
                 timeout=args.child_timeout_s,
             )
+            stderr = done.stderr
             results[name] = json.loads(done.stdout.strip().splitlines()[-1])
             lines.append(f"{name}: {time.perf_counter() - started:.0f} s")
-        except (subprocess.TimeoutExpired, IndexError, json.JSONDecodeError) as exc:
-            lines.append(
-                f"{name}: FAILED {type(exc).__name__} {getattr(done, 'stderr', '')[-500:]}"
-            )
+        except subprocess.TimeoutExpired:
+            lines.append(f"{name}: cut at {args.child_timeout_s} s")
+        except (IndexError, json.JSONDecodeError) as exc:
+            lines.append(f"{name}: FAILED {type(exc).__name__} {stderr[-500:]}")
         print(lines[-1], file=sys.stderr, flush=True)
     lines.append(f"load average at the end: {os.getloadavg()}")
     table = ["", "ms per step (empty region: us), median", ""]
@@ -103,14 +104,12 @@ def main() -> int:
 def measure(counts: list[int]) -> dict[str, float]:
     import importlib
 
-    import numpy as np
-
     import nestflow as nf
 
     if os.environ.get("NF_DIAG_CHUNK_PER_THREAD"):  # chunk counts follow the whole budget
         dc = importlib.import_module("nestflow.core.device_context")
         dc._chunk_threads = lambda: dc.device_context().num_threads
-    builders = workloads(nf, np)
+    builders = workloads(nf)
     times: dict[str, float] = {}
     for n in counts:
         nf.set_num_threads(n)
@@ -134,7 +133,8 @@ def measure(counts: list[int]) -> dict[str, float]:
     return times
 
 
-def workloads(nf, np) -> dict:
+def workloads(nf) -> dict:
+    """Each workload's maker: a function making its nestflow step (a fresh program)."""
     import w1_mlp
     import w8_lenet
     import w9_conv

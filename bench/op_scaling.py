@@ -15,33 +15,17 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
+from many_cores import workloads
 
-def w13() -> Callable[[], object]:
-    import w13_resnet18
-
-    return w13_resnet18.make_nestflow_step(*w13_resnet18.batch())
-
-
-def w14() -> Callable[[], object]:
-    import w14_bn_pool
-
-    return w14_bn_pool.make_nestflow(*w14_bn_pool.data())
-
-
-def w9() -> Callable[[], object]:
-    import w9_conv
-
-    x, w, upstream = w9_conv.data(3)
-    return w9_conv.make_nestflow(x, w, upstream, 1)
-
-
-def w8() -> Callable[[], object]:
-    import w8_lenet
-
-    return w8_lenet.make_nestflow_step(*w8_lenet.batch())[0]
-
-
-WORKLOADS = {"w13": w13, "w14": w14, "w9": w9, "w8": w8}
+# the command's names for many_cores' workloads
+WORKLOADS = {
+    "w9": "W9 3x3",
+    "w9-1x1": "W9 1x1",
+    "w13": "W13",
+    "w14": "W14",
+    "w1": "W1",
+    "w8": "W8",
+}
 
 
 def op_times(step: Callable[[], object], rounds: int) -> tuple[dict[str, float], dict, float]:
@@ -76,7 +60,7 @@ def main() -> int:
     import nestflow as nf
 
     counts = [int(n) for n in args.threads.split(",")]
-    step = WORKLOADS[args.workload]()
+    step = workloads(nf)[WORKLOADS[args.workload]]()
     by_count, wholes, calls = {}, {}, {}
     for n in counts:
         nf.set_num_threads(n)

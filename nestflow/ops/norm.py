@@ -301,10 +301,11 @@ class batch_norm:
 # The intra-op pool splits batch_norm over channels (thread_grain) in chunks of at least
 # _NORM_CHUNK_ELEMENTS, or of a thread's share of X down to _NORM_MIN_CHUNK_ELEMENTS: its
 # passes are cheap, and a region costs about 60 us. On the 2-vCPU EPYC at 2 threads, forward +
-# gradient on [32, 64, 32, 32] took 1.57 ms in two chunks against 2.16 whole; W14's
-# [32, 64, 56, 56] 13.8 ms a step in chunks of 1M against 13.9 in chunks of 256K; ResNet-18's
-# (W13) deeper layers in two chunks against whole: [32, 128, 16, 16] 0.89 against 1.19 ms,
-# [32, 256, 8, 8] 0.57 against 0.65 ms; [32, 512, 4, 4] (256K) 0.57 in two against 0.41 whole.
+# gradient on [32, 64, 32, 32] took 1.57 ms in two chunks against 2.16 whole; ResNet-18's (W13)
+# deeper layers in two chunks against whole (one process per variant, two each):
+# [32, 128, 16, 16] 0.86-0.92 against 1.15-1.17 ms, [32, 256, 8, 8] 0.56-0.57 against
+# 0.64-0.66. Alternating the variants in one process: W14's [32, 64, 56, 56] 13.8 ms a step in
+# chunks of 1M against 13.9 in chunks of 256K, [32, 512, 4, 4] (256K) 0.57 in two against 0.41.
 _NORM_CHUNK_ELEMENTS = 1 << 20
 _NORM_MIN_CHUNK_ELEMENTS = 1 << 18
 
